@@ -1,0 +1,88 @@
+"""notifyq: a PostgreSQL job queue that starts jobs the instant they are committed.
+
+An INSERT into ``notifyq.jobs`` notifies listening workers, which claim work with
+``FOR UPDATE SKIP LOCKED``; a slow fallback poll covers missed notifications.
+
+Public names::
+
+    from notifyq import task, Queue
+
+    @task
+    async def resize(payload: dict) -> dict: ...
+
+    async with Queue("postgresql://...") as q:
+        result = await q.enqueue("resize", {"path": "a.png"})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backoff",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "EnqueueResult",
+    "InvalidJob",
+    "Job",
+    "JobNotFound",
+    "JobSpec",
+    "JobStatus",
+    "MigrationError",
+    "NotifyQError",
+    "PermanentFailure",
+    "Queue",
+    "Settings",
+    "TaskError",
+    "Worker",
+    "__version__",
+    "create_app",
+    "task",
+]
+
+if TYPE_CHECKING:
+    from notifyq.api import create_app
+    from notifyq.client import Queue
+    from notifyq.errors import (
+        ConfigurationError,
+        DatabaseUnavailable,
+        InvalidJob,
+        JobNotFound,
+        MigrationError,
+        NotifyQError,
+        PermanentFailure,
+        TaskError,
+    )
+    from notifyq.models import EnqueueResult, Job, JobSpec, JobStatus
+    from notifyq.settings import Settings
+    from notifyq.tasks import Backoff, task
+    from notifyq.worker import Worker
+
+_LOCATIONS = {
+    "create_app": "notifyq.api",
+    "Queue": "notifyq.client",
+    "Worker": "notifyq.worker",
+    "Settings": "notifyq.settings",
+    "task": "notifyq.tasks",
+    "Backoff": "notifyq.tasks",
+    "EnqueueResult": "notifyq.models",
+    "Job": "notifyq.models",
+    "JobSpec": "notifyq.models",
+    "JobStatus": "notifyq.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Submodules load on first use, so `import notifyq` stays cheap (no FastAPI for a worker).
+    import importlib
+
+    module = _LOCATIONS.get(name)
+    if module is None and name in __all__:
+        module = "notifyq.errors"
+    if module is None:
+        raise AttributeError(f"module 'notifyq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

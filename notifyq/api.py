@@ -1,0 +1,489 @@
+"""The HTTP API: ``create_app(settings)`` builds the FastAPI app.
+
+Its lifespan applies migrations (unless told not to), opens the connection pool and, unless
+``run_worker`` is off, runs a worker in the same process. The routes are thin: validate, call
+the store, answer. ``uvicorn notifyq.api:app`` builds the app from the environment on first
+access (nothing happens at import).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+import anyio
+import psycopg
+from fastapi import Depends, FastAPI, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from notifyq import __version__
+from notifyq.db import first_line, open_pool
+from notifyq.errors import DatabaseUnavailable, InvalidJob, NotifyQError
+from notifyq.migrations import migrate
+from notifyq.models import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_DELAY_SECONDS,
+    MAX_NAME_LENGTH,
+    PRIORITY_RANGE,
+    Job,
+    JobSpec,
+    JobStatus,
+)
+from notifyq.settings import Settings
+from notifyq.store import Store
+from notifyq.tasks import Registry
+from notifyq.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT = 2.0
+
+# -- request and response models --------------------------------------------------------------
+
+
+class JobIn(BaseModel):
+    """A job to enqueue. Only ``payload`` is required; unknown fields are refused."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"payload": {"to": "a@example.com"}, "task": "send_email", "priority": 5},
+                {"payload": {"task": "hello_world"}},
+            ]
+        },
+    )
+
+    payload: dict[str, Any] = Field(
+        description="The job's input, a JSON object handed to the task's handler. Strings may "
+        "not contain NUL characters."
+    )
+    task: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        strict=True,
+        description="The task to run. Default: payload.task when it is a string, else "
+        "NOTIFYQ_DEFAULT_TASK.",
+    )
+    queue: str = Field(
+        default="default",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        strict=True,
+        description="The queue; workers can be limited to some queues.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=PRIORITY_RANGE[0],
+        le=PRIORITY_RANGE[1],
+        strict=True,
+        description="Higher runs first.",
+    )
+    run_at: datetime | None = Field(
+        default=None,
+        description="Do not start before this time (ISO 8601; no time zone means UTC). "
+        "Exclusive with delay.",
+    )
+    delay: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DELAY_SECONDS,
+        allow_inf_nan=False,
+        strict=True,
+        description="Do not start before this many seconds from now. Exclusive with run_at.",
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ATTEMPTS_LIMIT,
+        strict=True,
+        description="Attempts before the job is failed. Default: the task's, else "
+        "NOTIFYQ_MAX_ATTEMPTS.",
+    )
+    dedup_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_DEDUP_KEY_LENGTH,
+        strict=True,
+        description="While a queued job of the same queue has this key, a new submission "
+        "replaces its payload, priority, run_at and max_attempts instead of adding a job.",
+    )
+
+    _spec: JobSpec = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _storable(self) -> JobIn:
+        try:
+            self._spec = JobSpec.create(
+                self.task,
+                self.payload,
+                queue=self.queue,
+                priority=self.priority,
+                run_at=self.run_at,
+                delay=self.delay,
+                dedup_key=self.dedup_key,
+                max_attempts=self.max_attempts,
+            )
+        except InvalidJob as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def spec(self, default_task: str) -> JobSpec:
+        """The job to store, with the task resolved as the contract says."""
+        if self._spec.task is None and not isinstance(self.payload.get("task"), str):
+            return dataclasses.replace(self._spec, task=default_task)
+        return self._spec
+
+
+class EnqueuedOut(BaseModel):
+    """What POST /jobs answers."""
+
+    job_id: UUID
+    status: JobStatus = Field(description="queued")
+    duplicate: bool = Field(
+        description="True when a queued job with the same (queue, dedup_key) was replaced."
+    )
+    run_at: datetime
+    created_at: datetime
+
+
+class JobOut(BaseModel):
+    """A job as stored."""
+
+    job_id: UUID
+    status: JobStatus
+    task: str
+    queue: str
+    priority: int
+    payload: dict[str, Any]
+    attempt_count: int = Field(description="Attempts started so far.")
+    max_attempts: int
+    result: Any = Field(description="What the handler returned, once completed.")
+    error: str | None = Field(description="The error of the latest failed attempt.")
+    errors: list[dict[str, Any]] = Field(
+        description="Every failed attempt (the newest 25): attempt, error, at, worker."
+    )
+    dedup_key: str | None
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None = Field(description="The worker holding or last holding the job.")
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            job_id=job.id,
+            status=job.status,
+            task=job.task,
+            queue=job.queue,
+            priority=job.priority,
+            payload=job.payload,
+            attempt_count=job.attempt_count,
+            max_attempts=job.max_attempts,
+            result=job.result,
+            error=job.last_error,
+            errors=job.errors,
+            dedup_key=job.dedup_key,
+            created_at=job.created_at,
+            run_at=job.run_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            worker_id=job.worker_id,
+            lease_expires_at=job.lease_expires_at,
+        )
+
+
+class ErrorOut(BaseModel):
+    detail: Any
+
+
+class HealthOut(BaseModel):
+    status: str = Field(description="healthy or unhealthy")
+    database: str
+    version: str
+    worker: dict[str, Any] | None = None
+
+
+# -- the app ------------------------------------------------------------------------------
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    registry: Registry | None = None,
+) -> FastAPI:
+    """Builds the app. ``settings`` default to the environment's; ``registry`` is what the
+    in-process worker serves (default: built-ins and every ``@task``)."""
+    settings = settings if settings is not None else Settings.load()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auto_migrate:
+            await migrate(settings)
+        async with open_pool(settings, name="api", min_size=1, wait=False) as pool:
+            app.state.store = Store(pool)
+            if not settings.run_worker:
+                yield
+                return
+            worker = Worker(settings, registry)
+            app.state.worker = worker
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                try:
+                    yield
+                finally:
+                    worker.stop()
+
+    app = FastAPI(
+        title="notifyq",
+        version=__version__,
+        description="A PostgreSQL job queue: jobs start the instant they are committed.",
+        lifespan=lifespan,
+        responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
+    )
+    app.state.settings = settings
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    _install_error_handlers(app)
+
+    guard = [Depends(_token_guard(settings))]
+
+    @app.post(
+        "/jobs",
+        status_code=status.HTTP_201_CREATED,
+        response_model=EnqueuedOut,
+        dependencies=guard,
+        responses={
+            200: {"model": EnqueuedOut, "description": "A queued duplicate was replaced."},
+            413: {"model": ErrorOut, "description": "The body is over the size limit."},
+            422: {"model": ErrorOut, "description": "The body is malformed."},
+        },
+        summary="Enqueue a job",
+    )
+    async def post_job(job: JobIn, request: Request, response: Response) -> EnqueuedOut:
+        result = await _store(request).enqueue(job.spec(settings.default_task))
+        if result.duplicate:
+            response.status_code = status.HTTP_200_OK
+        return EnqueuedOut(
+            job_id=result.job_id,
+            status=result.status,
+            duplicate=result.duplicate,
+            run_at=result.run_at,
+            created_at=result.created_at,
+        )
+
+    @app.get(
+        "/jobs/{job_id}",
+        response_model=JobOut,
+        dependencies=guard,
+        responses={404: {"model": ErrorOut, "description": "No job has this id."}},
+        summary="Read a job",
+    )
+    async def get_job(job_id: UUID, request: Request) -> JobOut | JSONResponse:
+        job = await _store(request).get_job(job_id)
+        if job is None:
+            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+        return JobOut.of(job)
+
+    @app.get(
+        "/health",
+        response_model=HealthOut,
+        responses={503: {"model": HealthOut, "description": "The database does not answer."}},
+        summary="Liveness and database reachability",
+    )
+    async def health(request: Request) -> JSONResponse:
+        worker: Worker | None = getattr(request.app.state, "worker", None)
+        body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
+        if worker is not None:
+            listener = worker.listener
+            body["worker"] = {
+                "id": worker.id,
+                "running_jobs": worker.running_jobs,
+                "listener_connected": bool(listener and listener.connected),
+            }
+        try:
+            with anyio.fail_after(HEALTH_TIMEOUT):
+                await _store(request).ping()
+        except (DatabaseUnavailable, TimeoutError) as exc:
+            body.update(status="unhealthy", database=str(exc) or "timed out")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    return app
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+# -- auth ---------------------------------------------------------------------------------
+
+
+def _token_guard(settings: Settings) -> Callable[..., Awaitable[None]]:
+    bearer = HTTPBearer(auto_error=False, description="NOTIFYQ_API_TOKEN, when it is set.")
+    expected = settings.api_token.get_secret_value().encode() if settings.api_token else None
+
+    async def check(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        if expected is None:
+            return
+        if credentials is None:
+            raise _Unauthorized("missing Authorization: Bearer <token> header", 401)
+        if not secrets.compare_digest(credentials.credentials.encode(), expected):
+            raise _Unauthorized("wrong API token", 403)
+
+    return check
+
+
+class _Unauthorized(NotifyQError):
+    def __init__(self, detail: str, status_code: int) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        detail = [
+            {
+                "loc": list(error.get("loc", ())),
+                "msg": str(error.get("msg", "")).removeprefix("Value error, "),
+                "type": error.get("type"),
+            }
+            for error in exc.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"{exc}; retry later"}, status_code=503, headers={"Retry-After": "1"}
+        )
+
+    async def unauthorized(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, _Unauthorized)
+        return JSONResponse(
+            {"detail": str(exc)},
+            status_code=exc.status_code,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
+        # Input the validation let through but PostgreSQL refused: still the client's input.
+        assert isinstance(exc, psycopg.Error)
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            return await unavailable(request, DatabaseUnavailable("the database is too busy"))
+        if isinstance(exc, (psycopg.errors.DataError, psycopg.errors.IntegrityError)):
+            return JSONResponse(
+                {"detail": f"the database refused the input: {first_line(exc)}"},
+                status_code=422,
+            )
+        logger.exception("unexpected database error")
+        return JSONResponse({"detail": "internal database error"}, status_code=500)
+
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(DatabaseUnavailable, unavailable)
+    app.add_exception_handler(_Unauthorized, unauthorized)
+    app.add_exception_handler(InvalidJob, invalid)
+    app.add_exception_handler(psycopg.Error, refused)
+
+
+# -- body size ----------------------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimit:
+    """Answers 413 to a request body over ``max_bytes``, before the app reads any of it when
+    Content-Length says so, and by counting when the body is streamed without one."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = _content_length(scope)
+        if length is not None and length > self.max_bytes:
+            await self._too_large(send)
+            return
+        if length is not None:
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read the body here, counting, then replay it.
+        chunks: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            chunks.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return chunks.pop(0) if chunks else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        response = JSONResponse(
+            {"detail": f"request body is larger than the limit of {self.max_bytes} bytes"},
+            status_code=413,
+        )
+        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+# -- `uvicorn notifyq.api:app` ----------------------------------------------------------------
+
+_app: FastAPI | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """Builds ``app`` from the environment when uvicorn first asks for it."""
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,45 @@
+"""The exceptions notifyq raises, rooted at :class:`NotifyQError`.
+
+psycopg's own errors are translated into these at one seam (:mod:`notifyq.db`), with the original
+exception chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class NotifyQError(Exception):
+    """Base class of every error notifyq raises on purpose."""
+
+
+class ConfigurationError(NotifyQError, ValueError):
+    """Raised when settings are missing or inconsistent (for example a heartbeat slower than a
+    third of the lease)."""
+
+
+class DatabaseUnavailable(NotifyQError):
+    """Raised when the database cannot be reached or the connection broke mid-operation; the
+    operation may be retried once the database is back."""
+
+
+class MigrationError(NotifyQError):
+    """Raised when the schema cannot be brought up to date, or when an applied migration file
+    was changed after it ran."""
+
+
+class InvalidJob(NotifyQError, ValueError):
+    """Raised when a job submission is malformed: payload not a JSON object, a string holding a
+    NUL character, a value out of range."""
+
+
+class JobNotFound(NotifyQError, LookupError):
+    """Raised when a job id names no job."""
+
+
+class TaskError(NotifyQError):
+    """Raised when a task is registered wrongly (a duplicate name, a handler with the wrong
+    signature) or a module given to ``--import`` cannot be imported."""
+
+
+class PermanentFailure(NotifyQError):
+    """Raise from a task handler to fail the job at once, without the retries it has left
+    (for input that will never work, such as a malformed payload)."""

@@ -1,0 +1,133 @@
+"""``notifyq migrate``: brings the database schema up to date.
+
+Each numbered file of ``sql/`` runs once, in its own transaction, and is recorded with its
+checksum in ``notifyq.migrations``. A session-level advisory lock serialises concurrent runs, so
+two processes starting at once apply each file exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from notifyq.db import database_url, first_line, redact
+from notifyq.errors import DatabaseUnavailable, MigrationError
+from notifyq.queries import Migration, load_migrations
+from notifyq.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Advisory lock key held while migrating ("nq" + 1).
+MIGRATION_LOCK = 0x6E71_0001
+MIN_SERVER_VERSION = 130000
+
+_BOOTSTRAP = """
+CREATE SCHEMA IF NOT EXISTS notifyq;
+CREATE TABLE IF NOT EXISTS notifyq.migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+#: Settings that SQL-only clients depend on, copied into notifyq.settings when set explicitly.
+_DATABASE_SETTINGS = ("default_task", "max_attempts")
+
+
+async def migrate(
+    settings: Settings, *, progress: Callable[[str], None] | None = None
+) -> list[Migration]:
+    """Applies the migrations that are missing and answers the ones it applied."""
+    say = progress or (lambda message: logger.info("%s", message))
+    url = database_url(settings)
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url,
+            autocommit=True,
+            application_name="notifyq-migrate",
+            connect_timeout=max(1, round(settings.connect_timeout)),
+            options="-c statement_timeout=0",
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {redact(url)}: {first_line(exc)}; check that PostgreSQL is "
+            "running and DATABASE_URL is right"
+        ) from exc
+    async with conn:
+        if conn.info.server_version < MIN_SERVER_VERSION:
+            raise MigrationError(
+                f"notifyq needs PostgreSQL 13 or newer; this server is {conn.info.server_version}"
+            )
+        await conn.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK])
+        try:
+            applied = await _apply_missing(conn, load_migrations(), say)
+            await _store_settings(conn, settings)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
+    return applied
+
+
+async def _apply_missing(
+    conn: psycopg.AsyncConnection, migrations: list[Migration], say: Callable[[str], None]
+) -> list[Migration]:
+    await conn.execute(_BOOTSTRAP)
+    cursor = await conn.execute("SELECT version, checksum FROM notifyq.migrations")
+    done = {version: checksum for version, checksum in await cursor.fetchall()}
+    known = {migration.version for migration in migrations}
+    unknown = sorted(set(done) - known)
+    if unknown:
+        raise MigrationError(
+            f"the database has migrations {unknown} that this notifyq does not know: "
+            "it was migrated by a newer version; upgrade notifyq"
+        )
+    applied = []
+    for migration in migrations:
+        if migration.version in done:
+            if done[migration.version] != migration.checksum:
+                raise MigrationError(
+                    f"migration {migration.version:03d}_{migration.name}.sql changed after it "
+                    "was applied; put schema changes in a new numbered file instead"
+                )
+            continue
+        say(f"applying migration {migration.version:03d}_{migration.name}")
+        try:
+            async with conn.transaction():
+                await conn.execute(migration.sql.encode())
+                await conn.execute(
+                    "INSERT INTO notifyq.migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                    [migration.version, migration.name, migration.checksum],
+                )
+        except psycopg.Error as exc:
+            raise MigrationError(
+                f"migration {migration.version:03d}_{migration.name}.sql failed: {first_line(exc)}"
+            ) from exc
+        applied.append(migration)
+    return applied
+
+
+async def _store_settings(conn: psycopg.AsyncConnection, settings: Settings) -> None:
+    for key in _DATABASE_SETTINGS:
+        if key in settings.model_fields_set:
+            await conn.execute(
+                "INSERT INTO notifyq.settings (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                [key, str(getattr(settings, key))],
+            )
+
+
+async def current_version(conn: psycopg.AsyncConnection) -> int | None:
+    """The newest applied migration, or None when notifyq was never migrated here."""
+    try:
+        cursor = await conn.execute("SELECT max(version) FROM notifyq.migrations")
+    except psycopg.errors.UndefinedTable:
+        return None
+    row = await cursor.fetchone()
+    return row[0] if row else None
+
+
+def latest_version() -> int:
+    """The newest migration this notifyq ships."""
+    return max(migration.version for migration in load_migrations())

@@ -1,0 +1,229 @@
+"""The value types: a job as stored, a job to enqueue, and what enqueueing answers.
+
+These are plain frozen dataclasses; the HTTP request and response models live in
+:mod:`notifyq.api` and convert to and from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from notifyq.errors import InvalidJob
+
+#: Bounds of what one job may say; past them PostgreSQL would refuse the row, or worse.
+MAX_NAME_LENGTH = 200
+MAX_DEDUP_KEY_LENGTH = 512
+MAX_DELAY_SECONDS = 10 * 366 * 86_400
+MAX_ATTEMPTS_LIMIT = 1000
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+
+
+class JobStatus(str, Enum):
+    """Where a job is in its life: queued → processing → completed | failed (or cancelled)."""
+
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A row of ``notifyq.jobs``."""
+
+    id: UUID
+    task: str
+    queue: str
+    payload: dict[str, Any]
+    status: JobStatus
+    priority: int
+    run_at: datetime
+    attempt_count: int
+    max_attempts: int
+    dedup_key: str | None
+    result: Any
+    last_error: str | None
+    errors: list[dict[str, Any]]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        values = dict(row)
+        values["status"] = JobStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What enqueueing one job answers."""
+
+    job_id: UUID
+    status: JobStatus
+    duplicate: bool
+    run_at: datetime
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job to enqueue. Build it with :meth:`create`, which validates every field.
+
+    ``task`` may be None: the database then takes ``payload.task`` or its default task.
+    ``payload_json`` is the payload already encoded, checked for what PostgreSQL's jsonb refuses.
+    """
+
+    task: str | None
+    payload_json: str
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    delay: float | None = None
+    dedup_key: str | None = None
+    max_attempts: int | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        task: str | None,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        dedup_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> JobSpec:
+        payload = {} if payload is None else payload
+        if not isinstance(payload, Mapping):
+            raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
+        if task is not None:
+            check_name("task", task)
+        check_name("queue", queue)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidJob("priority must be an integer")
+        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+            raise InvalidJob("priority must fit in 32 bits")
+        if run_at is not None and delay is not None:
+            raise InvalidJob("give run_at or delay, not both")
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None:
+            delay = check_delay(delay)
+        if run_at is not None:
+            if not isinstance(run_at, datetime):
+                raise InvalidJob("run_at must be a datetime")
+            if run_at.tzinfo is None:
+                run_at = run_at.replace(tzinfo=timezone.utc)
+        if dedup_key is not None:
+            if not isinstance(dedup_key, str) or not dedup_key:
+                raise InvalidJob("dedup_key must be a non-empty string")
+            if len(dedup_key) > MAX_DEDUP_KEY_LENGTH:
+                raise InvalidJob(f"dedup_key is longer than {MAX_DEDUP_KEY_LENGTH} characters")
+            check_text("dedup_key", dedup_key)
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+        ):
+            raise InvalidJob(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
+        return cls(
+            task=task,
+            payload_json=encode_json(payload, what="payload"),
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            dedup_key=dedup_key,
+            max_attempts=max_attempts,
+            payload=payload,
+        )
+
+
+def check_name(what: str, value: object) -> str:
+    """A task or queue name: a non-empty string of at most 200 characters, without NUL."""
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(f"{what} must be a non-empty string")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidJob(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    check_text(what, value)
+    return value
+
+
+def check_text(what: str, value: str) -> None:
+    """Refuses what a PostgreSQL text value cannot hold: NUL, and unpaired surrogates."""
+    if "\x00" in value:
+        raise InvalidJob(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{what} contains an unpaired surrogate; send valid UTF-8") from None
+
+
+def check_delay(delay: object) -> float:
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        raise InvalidJob("delay must be a number of seconds")
+    if not math.isfinite(delay) or not 0 <= delay <= MAX_DELAY_SECONDS:
+        raise InvalidJob(f"delay must be from 0 to {MAX_DELAY_SECONDS} seconds")
+    return float(delay)
+
+
+def encode_json(value: Any, *, what: str) -> str:
+    """``value`` as JSON text that PostgreSQL's jsonb accepts, or InvalidJob saying why not."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        # Rare: only now walk the value to tell a real NUL from a literal backslash-u0000.
+        _refuse_nul(value, what)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{what} contains an unpaired surrogate; send valid UTF-8") from None
+    return text
+
+
+def _refuse_nul(value: Any, what: str) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidJob(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _refuse_nul(key, what)
+            _refuse_nul(item, what)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _refuse_nul(item, what)
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job a worker has claimed: what its handler needs, and the (id, attempt) fence."""
+
+    id: UUID
+    task: str
+    queue: str
+    payload: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    run_at: datetime

@@ -1,0 +1,117 @@
+"""The listener: one dedicated LISTEN connection per process, kept alive and reconnected.
+
+NOTIFY is only a hint. The listener never reads jobs; it calls ``on_wake(queue)`` for every
+notification and ``on_connect()`` after every (re)connect, because notifications sent while it
+was away are gone and the worker must look at the table once. It probes the connection when
+nothing arrived for a while, so a dead TCP connection cannot pass for a quiet one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import psycopg
+from anyio.abc import TaskStatus
+
+from notifyq.db import first_line, is_connection_error, redact
+from notifyq.errors import ConfigurationError, DatabaseUnavailable
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "notifyq"
+
+
+class Listener:
+    """Holds ``LISTEN notifyq`` on its own autocommit connection."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        on_wake: Callable[[str], None],
+        on_connect: Callable[[], None],
+        connect_kwargs: dict[str, Any],
+        probe_interval: float = 5.0,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self._url = url
+        self._on_wake = on_wake
+        self._on_connect = on_connect
+        self._kwargs = {**connect_kwargs, "autocommit": True}
+        # The listener must not inherit the pool's statement timeout: it only waits.
+        self._kwargs.pop("options", None)
+        self._probe_interval = probe_interval
+        self._max_backoff = max_backoff
+        self.connected = False
+        self.reconnects = 0
+        self.notifications = 0
+        self.last_seen = 0.0
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listens until cancelled. Reports started once the first LISTEN is live; raises
+        DatabaseUnavailable if that first connection fails, then reconnects forever."""
+        started = False
+        backoff = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._url, **self._kwargs)
+            except psycopg.OperationalError as exc:
+                if not started:
+                    raise DatabaseUnavailable(
+                        f"cannot open the LISTEN connection to {redact(self._url)}: "
+                        f"{first_line(exc)}"
+                    ) from exc
+                logger.warning(
+                    "listener: reconnect failed (%s); retrying in %.1fs", first_line(exc), backoff
+                )
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            try:
+                async with conn:
+                    await self._listen(conn)
+                    backoff = 0.1
+                    if started:
+                        self.reconnects += 1
+                        logger.info("listener: reconnected")
+                    else:
+                        started = True
+                        task_status.started()
+                    self._on_connect()
+                    await self._receive(conn)
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                logger.warning("listener: connection lost (%s); reconnecting", first_line(exc))
+            finally:
+                self.connected = False
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(f"LISTEN {CHANNEL}")
+        cursor = await conn.execute("SELECT %s IN (SELECT pg_listening_channels())", [CHANNEL])
+        row = await cursor.fetchone()
+        if not row or not row[0]:
+            # Transaction-mode poolers accept LISTEN and silently forget it.
+            raise ConfigurationError(
+                "LISTEN did not take effect on this connection: it goes through a "
+                "transaction-mode pooler; point NOTIFYQ_LISTEN_URL at the server directly "
+                "or at a session-mode pool"
+            )
+        self.connected = True
+        self.last_seen = time.monotonic()
+
+    async def _receive(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        while True:
+            async for notify in conn.notifies(timeout=self._probe_interval):
+                self.notifications += 1
+                self.last_seen = time.monotonic()
+                self._on_wake(notify.payload)
+            # Quiet for a probe interval: make sure the connection is still alive. A dead peer
+            # makes this fail (keepalives bound the wait) instead of waiting forever.
+            with anyio.fail_after(self._probe_interval + 5):
+                await conn.execute("SELECT 1")
+            self.last_seen = time.monotonic()

@@ -1,0 +1,154 @@
+"""Settings: read from the environment (and CLI flags) once, at the entry point, then passed down.
+
+Every field is an environment variable (``NOTIFYQ_<NAME>``, and ``DATABASE_URL`` for the
+database); the CLI turns its flags into keyword arguments, which win over the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from notifyq.errors import ConfigurationError
+
+#: The public database URL the tests and docs use when nothing else is configured.
+DEFAULT_LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything a notifyq process can be told. Immutable; build it once with :meth:`load`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NOTIFYQ_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "database_url"),
+        description="libpq URL of the database; unset means an embedded PostgreSQL.",
+    )
+    listen_url: str | None = Field(
+        default=None,
+        description="URL for the LISTEN connection when the pool goes through a transaction-mode "
+        "pooler (PgBouncer, Supavisor) that drops LISTEN; defaults to database_url.",
+    )
+    imports: CommaList = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("NOTIFYQ_IMPORT", "imports"),
+        description="Modules imported at start to register tasks.",
+    )
+    queues: CommaList | None = Field(
+        default=None, description="Queues a worker serves; unset or empty means all queues."
+    )
+    concurrency: int = Field(default=10, ge=1, le=10_000)
+    poll_interval: float = Field(default=5.0, gt=0, le=3600)
+    lease_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    heartbeat_interval: float | None = Field(
+        default=None, gt=0, description="Seconds between lease renewals; default lease / 4."
+    )
+    shutdown_grace: float = Field(default=25.0, ge=0, le=3600)
+    statement_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a query may run before PostgreSQL cancels it; default one heartbeat.",
+    )
+    connect_timeout: float = Field(default=5.0, gt=0, le=300)
+    default_task: str = Field(default="echo", min_length=1, max_length=200)
+    max_attempts: int = Field(default=3, ge=1, le=1000)
+    retry_base: float = Field(default=1.0, ge=0)
+    retry_factor: float = Field(default=2.0, ge=1)
+    retry_cap: float = Field(default=3600.0, ge=0)
+    api_token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    run_worker: bool = Field(default=True, description="Run a worker inside `notifyq serve`.")
+    auto_migrate: bool = Field(default=True, description="Apply migrations when a process starts.")
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    pool_size: int = Field(default=10, ge=1, le=1000)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("imports", "queues", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    @field_validator("queues")
+    @classmethod
+    def _empty_means_all(cls, value: list[str] | None) -> list[str] | None:
+        return value or None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _timeouts_are_consistent(self) -> Settings:
+        if self.heartbeat_interval is not None and self.heartbeat_interval * 3 > self.lease_seconds:
+            raise ValueError(
+                f"NOTIFYQ_HEARTBEAT_INTERVAL={self.heartbeat_interval:g} must be at most a third "
+                f"of NOTIFYQ_LEASE_SECONDS={self.lease_seconds:g}, so that a lease survives two "
+                "missed beats"
+            )
+        if self.statement_timeout is not None and self.statement_timeout > self.lease_seconds / 2:
+            raise ValueError(
+                f"NOTIFYQ_STATEMENT_TIMEOUT={self.statement_timeout:g} must be at most half of "
+                f"NOTIFYQ_LEASE_SECONDS={self.lease_seconds:g}, or a stuck heartbeat outlives "
+                "the lease"
+            )
+        return self
+
+    @property
+    def heartbeat(self) -> float:
+        """Seconds between lease renewals."""
+        return self.heartbeat_interval or self.lease_seconds / 4
+
+    @property
+    def query_timeout(self) -> float:
+        """Seconds after which PostgreSQL cancels one of our statements."""
+        return self.statement_timeout or max(self.heartbeat, 1.0)
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Builds settings from the environment, with ``overrides`` (CLI flags) winning.
+
+        Raises :class:`ConfigurationError` with one readable line per bad value.
+        """
+        given = {key: value for key, value in overrides.items() if value is not None}
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise ConfigurationError(describe_validation_error(exc)) from exc
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming each bad setting by its environment variable."""
+    parts = []
+    for error in exc.errors():
+        loc = error.get("loc") or ()
+        name = str(loc[0]) if loc else ""
+        if name in ("", "__root__"):
+            parts.append(str(error["msg"]).removeprefix("Value error, "))
+            continue
+        env = "DATABASE_URL" if name == "database_url" else f"NOTIFYQ_{name.upper()}"
+        if name == "imports":
+            env = "NOTIFYQ_IMPORT"
+        parts.append(f"{env}: {error['msg']}")
+    return "invalid settings: " + "; ".join(parts)

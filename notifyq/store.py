@@ -1,0 +1,239 @@
+"""The store: the one class that runs notifyq's queries, one method per named query.
+
+It works on a connection pool, or on a connection the caller passes (to enqueue inside the
+caller's own transaction). Connection failures come out as
+:class:`~notifyq.errors.DatabaseUnavailable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from notifyq.db import translate_errors
+from notifyq.models import ClaimedJob, EnqueueResult, Job, JobSpec, JobStatus
+from notifyq.queries import load_queries
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    """A finished attempt, its result already encoded as JSON."""
+
+    job_id: UUID
+    attempt: int
+    result_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt: retried after ``delay`` seconds while attempts are left and it is
+    ``retryable``, else final."""
+
+    job_id: UUID
+    attempt: int
+    error: str
+    retryable: bool
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A job a worker holds: the (id, attempt) pair that fences its writes."""
+
+    job_id: UUID
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rescued:
+    job_id: UUID
+    status: JobStatus
+
+
+class Store:
+    """Runs notifyq's queries against ``pool``."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+        self._q = load_queries()
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if conn is not None:
+            yield conn
+        else:
+            async with self._pool.connection() as pooled:
+                yield pooled
+
+    # -- submitting --------------------------------------------------------------------------
+
+    async def enqueue(
+        self, spec: JobSpec, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> EnqueueResult:
+        with translate_errors("enqueue"):
+            async with self._connection(conn) as c:
+                cursor = await c.execute(self._q["enqueue"], _spec_params(spec))
+                row = await cursor.fetchone()
+        assert row is not None
+        return EnqueueResult(row[0], JobStatus(row[2]), row[1], row[3], row[4])
+
+    async def enqueue_many(
+        self, specs: Sequence[JobSpec], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[EnqueueResult]:
+        if not specs:
+            return []
+        params = {
+            "tasks": [s.task for s in specs],
+            "payloads": [s.payload_json for s in specs],
+            "queues": [s.queue for s in specs],
+            "priorities": [s.priority for s in specs],
+            "run_ats": [s.run_at for s in specs],
+            "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
+            "dedup_keys": [s.dedup_key for s in specs],
+            "max_attempts": [s.max_attempts for s in specs],
+        }
+        with translate_errors("enqueue"):
+            async with self._connection(conn) as c:
+                cursor = await c.execute(self._q["enqueue_many"], params)
+                rows = await cursor.fetchall()
+        return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
+
+    async def get_job(self, job_id: UUID) -> Job | None:
+        with translate_errors("reading a job"):
+            async with self._pool.connection() as c:
+                cursor = c.cursor(row_factory=dict_row)
+                await cursor.execute(self._q["get_job"], {"id": job_id})
+                row = await cursor.fetchone()
+        return Job.from_row(row) if row else None
+
+    async def ping(self) -> None:
+        with translate_errors("health check"):
+            async with self._pool.connection() as c:
+                await c.execute(self._q["ping"])
+
+    # -- working -----------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+    ) -> list[ClaimedJob]:
+        params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "tasks": list(tasks),
+            "limit": limit,
+            "lease": lease,
+        }
+        query = self._q["claim_jobs"]
+        if queues is not None:
+            params["queues"] = list(queues)
+            query = self._q["claim_jobs_in_queues"]
+        with translate_errors("claiming jobs"):
+            async with self._pool.connection() as c:
+                cursor = await c.execute(query, params)
+                rows = await cursor.fetchall()
+        return [ClaimedJob(*row) for row in rows]
+
+    async def seconds_to_next_job(
+        self, *, tasks: Sequence[str], queues: Sequence[str] | None
+    ) -> float | None:
+        """Seconds until the earliest queued job of these tasks that is not due yet."""
+        with translate_errors("looking for delayed jobs"):
+            async with self._pool.connection() as c:
+                cursor = await c.execute(
+                    self._q["seconds_to_next_job"],
+                    {"tasks": list(tasks), "queues": None if queues is None else list(queues)},
+                )
+                row = await cursor.fetchone()
+        return row[0] if row else None
+
+    async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
+        """Records successes; answers the ids written (the others had lost their lease)."""
+        params = {
+            "worker_id": worker_id,
+            "ids": [d.job_id for d in done],
+            "attempts": [d.attempt for d in done],
+            "results": [d.result_json for d in done],
+        }
+        return await self._ids("complete_jobs", params, "recording results")
+
+    async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]:
+        """Records failed attempts; answers the new status of each row written."""
+        params = {
+            "worker_id": worker_id,
+            "ids": [f.job_id for f in failed],
+            "attempts": [f.attempt for f in failed],
+            "errors": [f.error for f in failed],
+            "retryable": [f.retryable for f in failed],
+            "delays": [f.delay for f in failed],
+        }
+        with translate_errors("recording failures"):
+            async with self._pool.connection() as c:
+                cursor = await c.execute(self._q["fail_jobs"], params)
+                rows = await cursor.fetchall()
+        return {row[0]: JobStatus(row[1]) for row in rows}
+
+    async def release(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
+        """Puts interrupted jobs back in the queue, attempt not counted."""
+        return await self._ids("release_jobs", _held_params(worker_id, held), "releasing jobs")
+
+    async def extend_leases(self, worker_id: str, held: Iterable[Held], lease: float) -> set[UUID]:
+        """Renews leases; answers the ids still held by this worker."""
+        params = _held_params(worker_id, held) | {"lease": lease}
+        return await self._ids("extend_leases", params, "renewing leases")
+
+    async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
+        with translate_errors("rescuing jobs"):
+            async with self._pool.connection() as c:
+                cursor = await c.execute(self._q["rescue_expired"], {"limit": limit})
+                rows = await cursor.fetchall()
+        return [Rescued(row[0], JobStatus(row[1])) for row in rows]
+
+    async def register_task(self, name: str, max_attempts: int | None, options_json: str) -> None:
+        with translate_errors("registering tasks"):
+            async with self._pool.connection() as c:
+                await c.execute(
+                    self._q["register_task"],
+                    {"name": name, "max_attempts": max_attempts, "options": options_json},
+                )
+
+    async def _ids(self, query: str, params: dict[str, Any], what: str) -> set[UUID]:
+        with translate_errors(what):
+            async with self._pool.connection() as c:
+                cursor = await c.execute(self._q[query], params)
+                return {row[0] for row in await cursor.fetchall()}
+
+
+def _held_params(worker_id: str, held: Iterable[Held]) -> dict[str, Any]:
+    items = list(held)
+    return {
+        "worker_id": worker_id,
+        "ids": [h.job_id for h in items],
+        "attempts": [h.attempt for h in items],
+    }
+
+
+def _spec_params(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "task": spec.task,
+        "payload": spec.payload_json,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "run_at": spec.run_at,
+        "delay": spec.delay if spec.delay is not None else 0.0,
+        "dedup_key": spec.dedup_key,
+        "max_attempts": spec.max_attempts,
+    }

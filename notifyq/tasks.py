@@ -1,0 +1,263 @@
+"""Tasks: the ``@task`` decorator, the registry a worker serves, retry backoff, and the built-in
+tasks (``hello_world``, ``echo``, ``sleep``, ``fail``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+import anyio
+import anyio.to_thread
+
+from notifyq.errors import PermanentFailure, TaskError
+from notifyq.models import check_name
+
+Handler = Callable[[dict[str, Any]], Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits between half and all of
+    ``min(cap, base * factor ** (n - 1))`` seconds. Half of the delay is fixed, so the wait grows
+    with every attempt whatever the random half does, until the cap."""
+
+    base: float = 1.0
+    factor: float = 2.0
+    cap: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.factor < 1 or self.cap < 0:
+            raise TaskError("backoff needs base >= 0, factor >= 1 and cap >= 0")
+
+    def ceiling(self, attempt: int) -> float:
+        """The most attempt ``attempt`` (1-based) waits before the next one."""
+        try:
+            raw = self.base * self.factor ** max(0, attempt - 1)
+        except OverflowError:
+            return self.cap
+        return min(self.cap, raw) if math.isfinite(raw) else self.cap
+
+    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
+        full = self.ceiling(attempt)
+        return full / 2 + rng() * full / 2
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A registered handler and its options."""
+
+    name: str
+    fn: Handler
+    max_attempts: int | None = None
+    timeout: float | None = None
+    backoff: Backoff | None = None
+    is_async: bool = field(default=False)
+
+    def options(self) -> dict[str, Any]:
+        """The options as JSON-friendly values, for the tasks table and ``GET /tasks``."""
+        return {
+            "max_attempts": self.max_attempts,
+            "timeout": self.timeout,
+            "backoff": None if self.backoff is None else dataclasses.asdict(self.backoff),
+            "kind": "async" if self.is_async else "thread",
+        }
+
+    def options_json(self) -> str:
+        return json.dumps(self.options())
+
+    async def run(self, payload: dict[str, Any], limiter: anyio.CapacityLimiter | None) -> Any:
+        """Calls the handler: awaited when it is a coroutine function, else in a worker thread.
+
+        A cancelled thread cannot be stopped; it is abandoned and its result ignored.
+        """
+        if self.is_async:
+            return await self.fn(payload)
+        return await anyio.to_thread.run_sync(
+            self.fn, payload, abandon_on_cancel=True, limiter=limiter
+        )
+
+
+def make_task(
+    fn: Callable[..., Any],
+    name: str | None = None,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    backoff: Backoff | None = None,
+) -> Task:
+    """Builds a :class:`Task`, checking its options."""
+    if not callable(fn):
+        raise TaskError(f"a task handler must be callable, not {type(fn).__name__}")
+    task_name = name or getattr(fn, "__name__", None)
+    try:
+        check_name("task name", task_name)
+    except ValueError as exc:
+        raise TaskError(str(exc)) from None
+    assert task_name is not None
+    if max_attempts is not None and not (isinstance(max_attempts, int) and max_attempts >= 1):
+        raise TaskError(f"task {task_name!r}: max_attempts must be an integer >= 1")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise TaskError(f"task {task_name!r}: timeout must be a positive number of seconds")
+    return Task(
+        name=task_name,
+        fn=fn,
+        max_attempts=max_attempts,
+        timeout=None if timeout is None else float(timeout),
+        backoff=backoff,
+        is_async=inspect.iscoroutinefunction(fn),
+    )
+
+
+class Registry:
+    """Tasks by name."""
+
+    def __init__(self, tasks: list[Task] | None = None) -> None:
+        self._tasks: dict[str, Task] = {}
+        for task in tasks or []:
+            self.add(task)
+
+    def add(self, task: Task) -> None:
+        existing = self._tasks.get(task.name)
+        if (
+            existing is not None
+            and existing.fn is not task.fn
+            and not _same_function(existing.fn, task.fn)
+        ):
+            raise TaskError(f"two different handlers are registered as task {task.name!r}")
+        self._tasks[task.name] = task
+
+    def get(self, name: str) -> Task | None:
+        return self._tasks.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def merged(self, other: Registry) -> Registry:
+        """A new registry with this one's tasks and ``other``'s."""
+        combined = Registry(list(self))
+        for task in other:
+            combined.add(task)
+        return combined
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    # A module imported twice (as __main__ and by name) defines the "same" handler twice.
+    if a is b:
+        return True
+    return getattr(a, "__qualname__", a) == getattr(b, "__qualname__", b) and getattr(
+        a, "__module__", None
+    ) == getattr(b, "__module__", None)
+
+
+_registry = Registry()
+
+
+def default_registry() -> Registry:
+    """The registry that ``@task`` adds to."""
+    return _registry
+
+
+@overload
+def task(fn: F, /) -> F: ...
+@overload
+def task(
+    name: str | None = None,
+    /,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    backoff: Backoff | None = None,
+) -> Callable[[F], F]: ...
+def task(
+    fn_or_name: Any = None,
+    /,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    backoff: Backoff | None = None,
+) -> Any:
+    """Registers a handler as a task. Use it bare (``@task``, named after the function) or with
+    options (``@task("send_email", max_attempts=5, timeout=30)``). The function is returned
+    unchanged, so it can still be called directly."""
+
+    def register(fn: F, name: str | None = None) -> F:
+        _registry.add(
+            make_task(fn, name, max_attempts=max_attempts, timeout=timeout, backoff=backoff)
+        )
+        return fn
+
+    if callable(fn_or_name):
+        return register(fn_or_name)
+    if fn_or_name is not None and not isinstance(fn_or_name, str):
+        raise TaskError("@task takes a function, or a task name and options")
+    return lambda fn: register(fn, fn_or_name)
+
+
+def import_modules(names: list[str]) -> None:
+    """Imports the modules that define tasks (``--import`` / ``NOTIFYQ_IMPORT``)."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise TaskError(
+                f"cannot import {name!r} (from --import/NOTIFYQ_IMPORT): {type(exc).__name__}: "
+                f"{exc}; check the module name and that it is on PYTHONPATH"
+            ) from exc
+
+
+# -- built-in tasks ---------------------------------------------------------------------------
+
+
+async def hello_world(payload: dict[str, Any]) -> dict[str, Any]:
+    """Answers a greeting; the smallest useful job."""
+    name = payload.get("name", "world")
+    return {"message": f"Hello, {name}!"}
+
+
+async def echo(payload: dict[str, Any]) -> dict[str, Any]:
+    """Answers its payload."""
+    return payload
+
+
+async def sleep(payload: dict[str, Any]) -> dict[str, Any]:
+    """Sleeps ``payload["seconds"]`` seconds (at most an hour)."""
+    seconds = payload.get("seconds", 1)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise PermanentFailure("sleep needs {'seconds': <number>}")
+    if not 0 <= seconds <= 3600:
+        raise PermanentFailure("sleep takes from 0 to 3600 seconds")
+    await anyio.sleep(seconds)
+    return {"slept": seconds}
+
+
+async def fail(payload: dict[str, Any]) -> None:
+    """Raises with ``payload["message"]``; every attempt fails, for trying retries."""
+    raise RuntimeError(str(payload.get("message", "failed on purpose")))
+
+
+def builtin_registry() -> Registry:
+    """A new registry holding the built-in tasks."""
+    return Registry([make_task(fn) for fn in (hello_world, echo, sleep, fail)])
+
+
+def worker_registry(extra: Registry | None = None) -> Registry:
+    """What a worker serves: the built-ins, every ``@task``, and ``extra``."""
+    registry = builtin_registry().merged(_registry)
+    return registry.merged(extra) if extra is not None else registry

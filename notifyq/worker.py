@@ -1,0 +1,535 @@
+"""The worker: claim, run, finish.
+
+One process runs one :class:`Worker`: a LISTEN connection (:mod:`notifyq.notifier`) that wakes
+the claim loop, a small pool for everything else, and these duties, each its own task:
+
+- the producer claims up to the number of free slots in one statement whenever it is woken (a
+  notification, the fallback poll timer, the next known ``run_at``, a freed slot when it was
+  saturated, a reconnect) and starts one task per job;
+- the writer records outcomes in batches, one statement per kind, fenced by (worker, attempt);
+- the maintainer renews the leases of held jobs by heartbeat, cancels jobs whose lease was lost,
+  and requeues other workers' jobs whose lease ran out.
+
+Stopping happens in two phases: stop claiming and give running jobs ``shutdown_grace`` seconds;
+then cancel the rest and put them back in the queue at once, inside a shielded scope.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import anyio
+import psycopg
+from anyio.abc import TaskGroup, TaskStatus
+
+from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
+from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
+from notifyq.models import ClaimedJob, JobStatus, encode_json
+from notifyq.notifier import Listener
+from notifyq.settings import Settings
+from notifyq.store import Failure, Held, Store, Success
+from notifyq.tasks import Backoff, Registry, Task, worker_registry
+
+logger = logging.getLogger(__name__)
+
+#: Most jobs one claim statement takes, however many slots are free.
+MAX_CLAIM_BATCH = 500
+#: How long the final writes of a stopping worker may take.
+FINAL_WRITE_TIMEOUT = 10.0
+MAX_ERROR_LENGTH = 4000
+
+
+def make_worker_id() -> str:
+    """host:pid:random, unique per worker process run."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass
+class WorkerStats:
+    """Counters of what this worker did, for logs, tests and metrics."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    released: int = 0
+    lost: int = 0
+    rescued: int = 0
+    claims: int = 0
+    empty_claims: int = 0
+
+
+@dataclass
+class _Running:
+    job: ClaimedJob
+    scope: anyio.CancelScope | None = None
+    cancel_reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@dataclass
+class _Outbox:
+    done: list[Success] = field(default_factory=list)
+    failed: list[Failure] = field(default_factory=list)
+    released: list[Held] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.done or self.failed or self.released)
+
+
+class Worker:
+    """Runs jobs from the database until :meth:`stop` is called (or, with ``burst``, until
+    nothing is due)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry | None = None,
+        *,
+        worker_id: str | None = None,
+        burst: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else worker_registry()
+        self.id = worker_id or make_worker_id()
+        self.stats = WorkerStats()
+        self._burst = burst
+        self._tasks = self.registry.names()
+        self._queues = settings.queues
+        self._backoff = Backoff(settings.retry_base, settings.retry_factor, settings.retry_cap)
+        self._free = settings.concurrency
+        self._starved = False
+        self._running: dict[UUID, _Running] = {}
+        self._held: dict[UUID, int] = {}
+        self._outbox = _Outbox()
+        self._refused: dict[Success, str] = {}
+        self._stopping = False
+        self._store: Store | None = None
+        self.listener: Listener | None = None
+        # Created in run(): anyio primitives need the event loop.
+        self._wake_event: anyio.Event | None = None
+        self._outbox_event: anyio.Event | None = None
+        self._idle_event: anyio.Event | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._flush_lock: anyio.Lock | None = None
+
+    # -- control ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stops claiming; running jobs get ``shutdown_grace`` seconds to finish."""
+        if not self._stopping:
+            self._stopping = True
+            logger.info(
+                "worker %s stopping: %d running job(s) get %.0fs to finish",
+                self.id,
+                len(self._running),
+                self.settings.shutdown_grace,
+            )
+            self._wake()
+
+    @property
+    def running_jobs(self) -> int:
+        return len(self._running)
+
+    # -- main ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Runs until stopped; reports started once it listens and is about to claim."""
+        settings = self.settings
+        self._wake_event = anyio.Event()
+        self._outbox_event = anyio.Event()
+        self._idle_event = anyio.Event()
+        self._limiter = anyio.CapacityLimiter(settings.concurrency)
+        self._flush_lock = anyio.Lock()
+        url = database_url(settings)
+        async with open_pool(settings, name="worker", min_size=2, max_size=4) as pool:
+            self._store = Store(pool)
+            await self._register_tasks()
+            self.listener = Listener(
+                settings.listen_url or url,
+                on_wake=self._on_notification,
+                on_connect=self._wake,
+                connect_kwargs=connect_kwargs(settings, "notifyq-listener"),
+                probe_interval=min(settings.poll_interval, 5.0),
+            )
+            try:
+                async with anyio.create_task_group() as services:
+                    await services.start(self.listener.run)
+                    services.start_soon(self._maintain)
+                    services.start_soon(self._write_outcomes)
+                    logger.info(
+                        "worker %s ready: tasks %s, queues %s, concurrency %d",
+                        self.id,
+                        ", ".join(self._tasks),
+                        ", ".join(self._queues or ["(all)"]),
+                        settings.concurrency,
+                    )
+                    async with anyio.create_task_group() as jobs:
+                        task_status.started()
+                        await self._produce(jobs)
+                        await self._drain()
+                    # Every job has ended: write what is left while the heartbeat still runs.
+                    with anyio.move_on_after(FINAL_WRITE_TIMEOUT, shield=True):
+                        await self._final_writes()
+                    services.cancel_scope.cancel()
+            finally:
+                if self._held:  # stopped by an error or an outer cancellation
+                    with anyio.move_on_after(FINAL_WRITE_TIMEOUT, shield=True):
+                        await self._final_writes()
+        logger.info("worker %s stopped", self.id)
+
+    async def _register_tasks(self) -> None:
+        assert self._store is not None
+        for task in self.registry:
+            await self._store.register_task(task.name, task.max_attempts, task.options_json())
+
+    # -- producer --------------------------------------------------------------------------
+
+    def _on_notification(self, queue: str) -> None:
+        if self._queues is None or queue in self._queues:
+            self._wake()
+
+    def _wake(self) -> None:
+        event = self._wake_event
+        if event is not None:
+            self._wake_event = anyio.Event()
+            event.set()
+
+    async def _produce(self, jobs: TaskGroup) -> None:
+        assert self._store is not None and self._wake_event is not None
+        settings = self.settings
+        failures = 0
+        while not self._stopping:
+            # Taken before the claim: a notification that arrives while the claim runs sets
+            # this event, so the wait below returns at once instead of missing it.
+            wake = self._wake_event
+            if self._free == 0:
+                self._starved = True
+                await wake.wait()
+                continue
+            limit = min(self._free, MAX_CLAIM_BATCH)
+            try:
+                claimed = await self._store.claim(
+                    worker_id=self.id,
+                    tasks=self._tasks,
+                    queues=self._queues,
+                    limit=limit,
+                    lease=settings.lease_seconds,
+                )
+                failures = 0
+            except DatabaseUnavailable as exc:
+                failures += 1
+                delay = min(0.2 * 2**failures, settings.poll_interval)
+                logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                with anyio.move_on_after(delay):
+                    await wake.wait()
+                continue
+            self.stats.claims += 1
+            for job in claimed:
+                self._start(jobs, job)
+            if len(claimed) == limit:
+                continue
+            if not claimed:
+                self.stats.empty_claims += 1
+                if self._burst and not self._running:
+                    return
+            timeout = settings.poll_interval
+            try:
+                due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
+            except DatabaseUnavailable:
+                due = None
+            if due is not None:
+                timeout = min(timeout, max(due, 0.0))
+            with anyio.move_on_after(timeout):
+                await wake.wait()
+
+    def _start(self, jobs: TaskGroup, job: ClaimedJob) -> None:
+        task = self.registry.get(job.task)
+        assert task is not None, "claimed a task this worker does not serve"
+        self._free -= 1
+        self._held[job.id] = job.attempt
+        self.stats.claimed += 1
+        running = _Running(job)
+        self._running[job.id] = running
+        jobs.start_soon(self._run_job, running, task, name=f"notifyq job {job.id}")
+
+    # -- running one job -------------------------------------------------------------------
+
+    async def _run_job(self, running: _Running, task: Task) -> None:
+        job = running.job
+        outcome: Success | Failure | None = None
+        try:
+            with anyio.CancelScope() as scope:
+                running.scope = scope
+                if running.cancel_reason is not None:
+                    scope.cancel()
+                outcome = await self._attempt(job, task)
+            if scope.cancelled_caught and running.cancel_reason == "shutdown":
+                self._outbox.released.append(Held(job.id, job.attempt))
+                self._signal_outbox()
+        finally:
+            del self._running[job.id]
+            self._free += 1
+            if outcome is not None:
+                if isinstance(outcome, Success):
+                    self._outbox.done.append(outcome)
+                else:
+                    self._outbox.failed.append(outcome)
+                self._signal_outbox()
+            if self._starved:
+                self._starved = False
+                self._wake()
+            if not self._running:
+                if self._idle_event is not None:
+                    self._idle_event.set()
+                if self._burst:
+                    self._wake()
+
+    async def _attempt(self, job: ClaimedJob, task: Task) -> Success | Failure:
+        started = time.monotonic()
+        timed_out = False
+        try:
+            if task.timeout is None:
+                result = await task.run(job.payload, self._limiter)
+            else:
+                with anyio.move_on_after(task.timeout) as deadline:
+                    result = await task.run(job.payload, self._limiter)
+                if deadline.cancelled_caught:
+                    timed_out = True
+        except PermanentFailure as exc:
+            return self._failure(job, task, _describe(exc), retryable=False)
+        except Exception as exc:
+            logger.warning(
+                "job %s (%s) attempt %d/%d failed after %.3fs: %s",
+                job.id,
+                job.task,
+                job.attempt,
+                job.max_attempts,
+                time.monotonic() - started,
+                _describe(exc),
+                exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            return self._failure(job, task, _describe(exc, with_traceback=True), retryable=True)
+        if timed_out:
+            return self._failure(
+                job,
+                task,
+                f"TimeoutError: task {task.name!r} ran past its {task.timeout:g}s "
+                "timeout and was cancelled",
+                retryable=True,
+            )
+        try:
+            result_json = encode_json(result, what=f"the result of task {task.name!r}")
+        except InvalidJob as exc:
+            return self._failure(job, task, str(exc), retryable=False)
+        return Success(job.id, job.attempt, result_json)
+
+    def _failure(self, job: ClaimedJob, task: Task, error: str, *, retryable: bool) -> Failure:
+        backoff = task.backoff or self._backoff
+        return Failure(job.id, job.attempt, error, retryable, backoff.delay(job.attempt))
+
+    # -- writer ----------------------------------------------------------------------------
+
+    def _signal_outbox(self) -> None:
+        if self._outbox_event is not None:
+            self._outbox_event.set()
+
+    async def _write_outcomes(self) -> None:
+        failures = 0
+        while True:
+            assert self._outbox_event is not None
+            await self._outbox_event.wait()
+            self._outbox_event = anyio.Event()
+            try:
+                await self._flush()
+                failures = 0
+            except DatabaseUnavailable as exc:
+                failures += 1
+                delay = min(0.2 * 2**failures, 5.0)
+                logger.warning("recording outcomes failed (%s); retrying in %.1fs", exc, delay)
+                await anyio.sleep(delay)
+                self._signal_outbox()
+
+    async def _flush(self) -> None:
+        """Writes what the outbox holds. Items leave the outbox only once written, so a write
+        interrupted by cancellation or a broken connection is retried."""
+        assert self._flush_lock is not None
+        async with self._flush_lock:
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        assert self._store is not None
+        box = self._outbox
+        if box.done:
+            batch = list(box.done)
+            written = await self._write_batch(self._store.complete, batch, set())
+            del box.done[: len(batch)]
+            self._forget(batch, written)
+            self.stats.completed += len(written)
+            # A result the database refused (too large, say) fails its job instead.
+            box.failed.extend(
+                Failure(s.job_id, s.attempt, "could not store the result: " + refused, False, 0)
+                for s, refused in self._refused.items()
+            )
+            self._refused.clear()
+        if box.failed:
+            batch_f = list(box.failed)
+            rows = await self._write_batch(self._store.fail, batch_f, {})
+            del box.failed[: len(batch_f)]
+            self._forget(batch_f, set(rows))
+            retried = sum(1 for status in rows.values() if status is JobStatus.QUEUED)
+            self.stats.retried += retried
+            self.stats.failed += len(rows) - retried
+            if retried:
+                self._wake()  # the retry's run_at may be sooner than the current sleep
+        if box.released:
+            batch_r = list(box.released)
+            released = await self._write_batch(self._store.release, batch_r, set())
+            del box.released[: len(batch_r)]
+            self._forget(batch_r, released)
+            self.stats.released += len(released)
+
+    async def _write_batch(self, write: Any, batch: list[Any], merged: Any) -> Any:
+        """One statement for the batch; if the database refuses it for a reason other than the
+        connection, item by item (adding to ``merged``), so that one bad row cannot block the
+        others."""
+        try:
+            return await write(self.id, batch)
+        except psycopg.Error as exc:
+            if is_connection_error(exc):
+                raise
+            logger.error(
+                "batch write refused (%s); writing %d item(s) one by one",
+                first_line(exc),
+                len(batch),
+            )
+        for item in batch:
+            try:
+                part = await write(self.id, [item])
+            except psycopg.Error as exc:
+                if is_connection_error(exc):
+                    raise
+                logger.error(
+                    "job %s: the database refused its outcome: %s", item.job_id, first_line(exc)
+                )
+                if isinstance(item, Success):
+                    self._refused[item] = first_line(exc)
+                continue
+            merged |= part
+        return merged
+
+    def _forget(self, batch: list[Any], written: set[UUID]) -> None:
+        for item in batch:
+            self._held.pop(item.job_id, None)
+            if item.job_id not in written:
+                self.stats.lost += 1
+                logger.warning(
+                    "job %s: outcome discarded, this worker no longer holds its lease",
+                    item.job_id,
+                )
+
+    async def _final_writes(self) -> None:
+        """Writes outcomes still pending and puts interrupted jobs back in the queue."""
+        if self._store is None:
+            return
+        box = self._outbox
+        pending = {s.job_id for s in box.done} | {f.job_id for f in box.failed}
+        pending |= {h.job_id for h in box.released}
+        for job_id, attempt in self._held.items():
+            if job_id not in pending:
+                self._outbox.released.append(Held(job_id, attempt))
+        if not self._outbox:
+            return
+        try:
+            await self._flush()
+        except DatabaseUnavailable as exc:
+            logger.error(
+                "could not record %d job(s) before stopping (%s); they stay processing and "
+                "are requeued when their lease runs out",
+                len(self._held),
+                exc,
+            )
+
+    # -- stopping --------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        assert self._idle_event is not None
+        with anyio.move_on_after(self.settings.shutdown_grace):
+            while self._running:
+                self._idle_event = anyio.Event()
+                await self._idle_event.wait()
+        if self._running:
+            logger.warning(
+                "shutdown grace of %.0fs ran out: interrupting %d job(s) and putting them back "
+                "in the queue",
+                self.settings.shutdown_grace,
+                len(self._running),
+            )
+            for running in list(self._running.values()):
+                running.cancel("shutdown")
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.heartbeat)
+            try:
+                await self._heartbeat()
+                await self._rescue()
+            except DatabaseUnavailable as exc:
+                logger.warning("heartbeat failed: %s", exc)
+
+    async def _heartbeat(self) -> None:
+        assert self._store is not None
+        if not self._held:
+            return
+        snapshot = [Held(job_id, attempt) for job_id, attempt in self._held.items()]
+        still = await self._store.extend_leases(self.id, snapshot, self.settings.lease_seconds)
+        for held in snapshot:
+            if held.job_id in still or self._held.get(held.job_id) != held.attempt:
+                continue
+            running = self._running.get(held.job_id)
+            if running is not None:
+                self._held.pop(held.job_id, None)
+                self.stats.lost += 1
+                logger.warning(
+                    "job %s: lease lost (another worker rescued it); cancelling this attempt",
+                    held.job_id,
+                )
+                running.cancel("lease_lost")
+
+    async def _rescue(self) -> None:
+        assert self._store is not None
+        rescued = await self._store.rescue_expired()
+        if rescued:
+            self.stats.rescued += len(rescued)
+            logger.warning(
+                "rescued %d job(s) whose worker stopped renewing its lease", len(rescued)
+            )
+            self._wake()
+
+
+def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:
+    """``Type: message``, then (optionally) where it was raised; bounded and free of NUL."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if with_traceback and exc.__traceback__ is not None:
+        frames = traceback.extract_tb(exc.__traceback__)[-3:]
+        where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
+        text = f"{text}\n  at {where}"
+    text = text.replace("\x00", "\\0")
+    if len(text) > MAX_ERROR_LENGTH:
+        text = text[: MAX_ERROR_LENGTH - 20] + "... (truncated)"
+    return text.encode("utf-8", "replace").decode("utf-8")

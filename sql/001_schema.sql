@@ -1,0 +1,249 @@
+-- notifyq schema, version 1.
+--
+-- Everything lives in schema notifyq. The jobs table is the source of truth; NOTIFY is only a hint
+-- that tells idle workers to look at it. Functions that workers and clients call carry a version
+-- suffix (_v1) so that a later migration can add a _v2 while old workers still run.
+--
+-- The migration runner has already created the schema and its own bookkeeping table, and runs
+-- this file in one transaction under an advisory lock.
+
+-- Defaults that SQL-only clients cannot pass themselves. `notifyq migrate` writes the values of
+-- NOTIFYQ_DEFAULT_TASK and NOTIFYQ_MAX_ATTEMPTS here when they are set.
+CREATE TABLE notifyq.settings (
+    key   text PRIMARY KEY,
+    value text NOT NULL
+);
+INSERT INTO notifyq.settings (key, value) VALUES ('default_task', 'echo'), ('max_attempts', '3');
+
+-- Tasks that workers have registered, with their options. Written by every worker at start so
+-- that SQL inserts and API processes (which may not import the task code) use the task's own
+-- max_attempts, and so that `GET /tasks` can list them.
+CREATE TABLE notifyq.tasks (
+    name         text PRIMARY KEY,
+    max_attempts integer CHECK (max_attempts >= 1),
+    options      jsonb NOT NULL DEFAULT '{}'::jsonb,
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE notifyq.jobs (
+    id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    task             text NOT NULL CHECK (length(task) BETWEEN 1 AND 200),
+    queue            text NOT NULL DEFAULT 'default' CHECK (length(queue) BETWEEN 1 AND 200),
+    payload          jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(payload) = 'object'),
+    status           text NOT NULL DEFAULT 'queued'
+                     CHECK (status IN ('queued', 'processing', 'completed', 'failed', 'cancelled')),
+    priority         integer NOT NULL DEFAULT 0,
+    run_at           timestamptz NOT NULL DEFAULT now(),
+    attempt_count    integer NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
+    max_attempts     integer NOT NULL CHECK (max_attempts >= 1),
+    dedup_key        text,
+    result           jsonb,
+    last_error       text,
+    -- One entry per failed attempt: {"attempt", "error", "at", "worker"}; the newest 25 are kept.
+    errors           jsonb NOT NULL DEFAULT '[]'::jsonb,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    -- Who holds a processing job, and until when. A worker renews the lease by heartbeat; any
+    -- worker requeues a job whose lease ran out. (worker_id, attempt_count) fences every write a
+    -- worker makes about a job it claimed.
+    worker_id        text,
+    lease_expires_at timestamptz
+) WITH (
+    -- Every job is updated at least twice; free room on each page lets some of those updates stay
+    -- on the page, and an aggressive autovacuum keeps dead versions from piling up.
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+
+-- The claim index holds queued rows only, so it stays small however many finished jobs the table
+-- keeps. Its order is the claim order.
+CREATE INDEX jobs_claim_idx ON notifyq.jobs (priority DESC, run_at, id) WHERE status = 'queued';
+-- Finds the next future run_at quickly, so an idle worker can sleep exactly until then.
+CREATE INDEX jobs_due_idx ON notifyq.jobs (run_at) WHERE status = 'queued';
+-- The rescuer's scan for leases that ran out.
+CREATE INDEX jobs_lease_idx ON notifyq.jobs (lease_expires_at) WHERE status = 'processing';
+-- At most one queued job per (queue, dedup_key). Running and finished jobs are outside the index,
+-- so a duplicate can never touch them.
+CREATE UNIQUE INDEX jobs_dedup_idx ON notifyq.jobs (queue, dedup_key)
+    WHERE status = 'queued' AND dedup_key IS NOT NULL;
+-- Listing jobs newest first, and finding old finished jobs.
+CREATE INDEX jobs_created_idx ON notifyq.jobs (created_at DESC, id DESC);
+
+-- Fills what an INSERT left out: the task from payload.task (when it is a string) or the default
+-- task, and max_attempts from the task's registration or the global default. Runs only where a
+-- value is missing, so clients that pass everything pay nothing.
+CREATE FUNCTION notifyq.fill_job_defaults_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.task IS NULL THEN
+        IF jsonb_typeof(NEW.payload -> 'task') = 'string' THEN
+            NEW.task := NEW.payload ->> 'task';
+        ELSE
+            NEW.task := coalesce(
+                (SELECT value FROM notifyq.settings WHERE key = 'default_task'), 'echo');
+        END IF;
+    END IF;
+    IF NEW.max_attempts IS NULL THEN
+        NEW.max_attempts := coalesce(
+            (SELECT max_attempts FROM notifyq.tasks WHERE name = NEW.task),
+            (SELECT value::integer FROM notifyq.settings WHERE key = 'max_attempts'),
+            3);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER jobs_fill_defaults
+    BEFORE INSERT ON notifyq.jobs
+    FOR EACH ROW EXECUTE FUNCTION notifyq.fill_job_defaults_v1();
+
+-- Tells listening workers that these queues have new work. The payload is the queue name only:
+-- workers always read jobs from the table. PostgreSQL folds identical notifications of one
+-- transaction into one, so a transaction that wakes a queue many times sends it once.
+CREATE FUNCTION notifyq.wake_v1(p_queues text[]) RETURNS integer
+LANGUAGE sql AS $$
+    SELECT count(pg_notify('notifyq', q))::integer
+    FROM (SELECT DISTINCT unnest(p_queues) AS q) AS s;
+$$;
+
+-- Appends one failed attempt to a job's error history, keeping the newest 25 entries.
+CREATE FUNCTION notifyq.append_error_v1(p_errors jsonb, p_attempt integer, p_error text,
+                                        p_worker text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN jsonb_array_length(e) > 25 THEN e - 0 ELSE e END
+    FROM (SELECT coalesce(p_errors, '[]'::jsonb)
+                 || jsonb_build_array(jsonb_build_object(
+                        'attempt', p_attempt, 'error', left(p_error, 4000),
+                        'at', now(), 'worker', p_worker))) AS s(e);
+$$;
+
+-- Statement-level: a bulk INSERT ... SELECT of a million rows sends one notification per queue,
+-- not one per row.
+CREATE FUNCTION notifyq.notify_inserted_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM notifyq.wake_v1(array_agg(DISTINCT queue)) FROM inserted;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER jobs_notify_inserted
+    AFTER INSERT ON notifyq.jobs
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION notifyq.notify_inserted_v1();
+
+-- Enqueues one job with the duplicate rule of the public contract: while a job with the same
+-- (queue, dedup_key) is queued, the new submission replaces its payload, priority, run_at and
+-- max_attempts and its id is returned with duplicate = true. The unique index decides; the loop
+-- covers the moment when the queued duplicate is being claimed by a worker concurrently.
+CREATE FUNCTION notifyq.enqueue_v1(
+    p_task text,
+    p_payload jsonb,
+    p_queue text,
+    p_priority integer,
+    p_run_at timestamptz,
+    p_dedup_key text,
+    p_max_attempts integer
+) RETURNS TABLE (job_id uuid, duplicate boolean, status text, run_at timestamptz,
+                 created_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_new_id uuid := gen_random_uuid();
+    v_job notifyq.jobs;
+BEGIN
+    LOOP
+        INSERT INTO notifyq.jobs AS j
+            (id, task, payload, queue, priority, run_at, dedup_key, max_attempts)
+        VALUES (v_new_id, p_task, coalesce(p_payload, '{}'::jsonb), coalesce(p_queue, 'default'),
+                coalesce(p_priority, 0), coalesce(p_run_at, now()), p_dedup_key, p_max_attempts)
+        ON CONFLICT (queue, dedup_key) WHERE status = 'queued' AND dedup_key IS NOT NULL
+        DO UPDATE SET payload = EXCLUDED.payload,
+                      priority = EXCLUDED.priority,
+                      run_at = EXCLUDED.run_at,
+                      max_attempts = EXCLUDED.max_attempts
+            WHERE j.status = 'queued'
+        RETURNING j.* INTO v_job;
+        EXIT WHEN FOUND;
+    END LOOP;
+    IF v_job.id <> v_new_id THEN
+        -- A replaced job may now be due earlier than the time its workers sleep until.
+        PERFORM notifyq.wake_v1(ARRAY[v_job.queue]);
+    END IF;
+    RETURN QUERY SELECT v_job.id, v_job.id <> v_new_id, v_job.status, v_job.run_at,
+                        v_job.created_at;
+END;
+$$;
+
+-- The SQL face of the queue: SELECT notifyq.enqueue('echo', '{"n": 1}') returns the job id.
+CREATE FUNCTION notifyq.enqueue(
+    task text,
+    payload jsonb DEFAULT '{}'::jsonb,
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT NULL,
+    dedup_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL
+) RETURNS uuid
+LANGUAGE sql AS $$
+    SELECT job_id FROM notifyq.enqueue_v1(task, payload, queue, priority, run_at, dedup_key,
+                                          max_attempts);
+$$;
+
+-- Enqueues many jobs in one call, with the same rules as enqueue_v1, and answers one row per input
+-- position (ord, 1-based). Jobs without a dedup_key go in as one INSERT ... SELECT (one trigger
+-- call, one notification per queue); jobs with one go through enqueue_v1 in input order, so that a
+-- later duplicate in the same batch replaces an earlier one exactly as separate calls would.
+CREATE FUNCTION notifyq.enqueue_many_v1(
+    p_tasks text[],
+    p_payloads jsonb[],
+    p_queues text[],
+    p_priorities integer[],
+    p_run_ats timestamptz[],
+    p_dedup_keys text[],
+    p_max_attempts integer[]
+) RETURNS TABLE (ord integer, job_id uuid, duplicate boolean, status text, run_at timestamptz,
+                 created_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    RETURN QUERY
+    WITH input AS MATERIALIZED (
+        SELECT gen_random_uuid() AS id, u.*
+        FROM unnest(p_tasks, p_payloads, p_queues, p_priorities, p_run_ats, p_dedup_keys,
+                    p_max_attempts)
+             WITH ORDINALITY AS u(task, payload, queue, priority, run_at, dedup_key,
+                                  max_attempts, ord)
+        WHERE u.dedup_key IS NULL
+    ), inserted AS (
+        INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
+        SELECT id, task, coalesce(payload, '{}'::jsonb), coalesce(queue, 'default'),
+               coalesce(priority, 0), coalesce(run_at, now()), max_attempts
+        FROM input
+        RETURNING id, status, run_at, created_at
+    )
+    SELECT input.ord::integer, inserted.id, false, inserted.status, inserted.run_at,
+           inserted.created_at
+    FROM inserted JOIN input USING (id);
+
+    FOR r IN
+        SELECT u.*
+        FROM unnest(p_tasks, p_payloads, p_queues, p_priorities, p_run_ats, p_dedup_keys,
+                    p_max_attempts)
+             WITH ORDINALITY AS u(task, payload, queue, priority, run_at, dedup_key,
+                                  max_attempts, ord)
+        WHERE u.dedup_key IS NOT NULL
+        ORDER BY u.ord
+    LOOP
+        RETURN QUERY
+        SELECT r.ord::integer, e.job_id, e.duplicate, e.status, e.run_at, e.created_at
+        FROM notifyq.enqueue_v1(r.task, r.payload, r.queue, r.priority, r.run_at, r.dedup_key,
+                                r.max_attempts) AS e;
+    END LOOP;
+END;
+$$;
