@@ -14,16 +14,18 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 from uuid import UUID
 
 import anyio
 import psycopg
 from fastapi import Depends, FastAPI, Request, Response, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from notifyq import __version__
 from notifyq.db import first_line, open_pool
@@ -336,8 +338,10 @@ def _token_guard(settings: Settings) -> Callable[..., Awaitable[None]]:
     bearer = HTTPBearer(auto_error=False, description="NOTIFYQ_API_TOKEN, when it is set.")
     expected = settings.api_token.get_secret_value().encode() if settings.api_token else None
 
+    # The dependency goes in the default, not in Annotated[...]: with postponed annotations
+    # FastAPI could not see the local `bearer`.
     async def check(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
     ) -> None:
         if expected is None:
             return
@@ -400,6 +404,23 @@ def _install_error_handlers(app: FastAPI) -> None:
         logger.exception("unexpected database error")
         return JSONResponse({"detail": "internal database error"}, status_code=500)
 
+    async def unreadable(request: Request, exc: Exception) -> Response:
+        # FastAPI answers a bare 400 when json.loads raises something other than a syntax
+        # error: a number of more than 4300 digits, or nesting deeper than Python's recursion
+        # limit. Both are malformed bodies to us, so say which and answer 422.
+        assert isinstance(exc, StarletteHTTPException)
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, (ValueError, RecursionError)):
+            reason = (
+                "it nests too deeply" if isinstance(cause, RecursionError) else first_line(cause)
+            )
+            return JSONResponse(
+                {"detail": f"the body is not JSON that notifyq can read: {reason}"},
+                status_code=422,
+            )
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, unreadable)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(DatabaseUnavailable, unavailable)
     app.add_exception_handler(_Unauthorized, unauthorized)

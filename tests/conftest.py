@@ -1,0 +1,128 @@
+"""Fixtures: a real PostgreSQL, a migrated template database, and a fresh clone of it per test.
+
+The server is the one DATABASE_URL names (default: the local one on 127.0.0.1:5432). Every test
+that asks for ``db_url`` gets its own database, created from the template in tens of
+milliseconds and dropped afterwards; databases left by a killed run are dropped at the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from notifyq.migrations import migrate
+from notifyq.settings import DEFAULT_LOCAL_URL, Settings
+from tests.helpers import url_with_dbname
+
+PREFIX = "nq_test_"
+
+
+def _server_url() -> str:
+    return os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+
+
+def _admin(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True, connect_timeout=5)
+
+
+def _drop_stale_databases(conn: psycopg.Connection[Any]) -> None:
+    """Drops databases of earlier runs whose process is gone."""
+    rows = conn.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE %s", [PREFIX + "%"]
+    ).fetchall()
+    for (name,) in rows:
+        try:
+            pid = int(name[len(PREFIX) :].split("_", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    """URL of a database on the test server, for administration (create/drop databases)."""
+    url = _server_url()
+    try:
+        with _admin(url) as conn:
+            _drop_stale_databases(conn)
+    except psycopg.OperationalError as exc:
+        pytest.exit(
+            f"cannot reach PostgreSQL at {url}: {exc}\n"
+            "Start it, or set DATABASE_URL to a server where the tests may create databases.",
+            returncode=3,
+        )
+    return url
+
+
+@pytest.fixture(scope="session")
+def template_db(server_url: str) -> Iterator[str]:
+    """A database migrated once per session, cloned by every test."""
+    name = f"{PREFIX}{os.getpid()}_template"
+    with _admin(server_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = url_with_dbname(server_url, name)
+    asyncio.run(migrate(Settings.load(database_url=url), progress=lambda _: None))
+    yield name
+    with _admin(server_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db_url(server_url: str, template_db: str) -> Iterator[str]:
+    """URL of a fresh, migrated database of this test's own."""
+    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+    with _admin(server_url) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    yield url_with_dbname(server_url, name)
+    with _admin(server_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_db_url(server_url: str) -> Iterator[str]:
+    """URL of a fresh database with no notifyq schema, for migration tests."""
+    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+    with _admin(server_url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield url_with_dbname(server_url, name)
+    with _admin(server_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """Settings for this test's database, with short timings so that tests run fast."""
+    return Settings.load(
+        database_url=db_url, poll_interval=30, lease_seconds=30, auto_migrate=False,
+        retry_base=0.05, retry_cap=0.2,
+    )
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """An autocommit connection to this test's database."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as connection:
+        yield connection

@@ -1,0 +1,169 @@
+"""Helpers shared by the tests: waiting on conditions, running workers, reading jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import psycopg
+
+from notifyq.settings import Settings
+from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def url_with_dbname(url: str, dbname: str) -> str:
+    """``url`` pointing at database ``dbname`` instead."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + dbname))
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[Any]], *, timeout: float = 10.0, interval: float = 0.01
+) -> Any:
+    """Polls ``condition`` until it answers something truthy, and answers that; fails the test
+    after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        while True:
+            value = await condition()
+            if value:
+                return value
+            await anyio.sleep(interval)
+
+
+async def job_row(conn: psycopg.AsyncConnection[Any], job_id: Any) -> dict[str, Any] | None:
+    cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
+    await cursor.execute("SELECT * FROM notifyq.jobs WHERE id = %s", [job_id])
+    return await cursor.fetchone()
+
+
+async def wait_for_status(
+    conn: psycopg.AsyncConnection[Any], job_id: Any, *statuses: str, timeout: float = 10.0
+) -> dict[str, Any]:
+    async def finished() -> dict[str, Any] | None:
+        row = await job_row(conn, job_id)
+        return row if row and row["status"] in statuses else None
+
+    result: dict[str, Any] = await wait_until(finished, timeout=timeout)
+    return result
+
+
+async def count_by_status(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    cursor = await conn.execute("SELECT status, count(*) FROM notifyq.jobs GROUP BY status")
+    return {status: count for status, count in await cursor.fetchall()}
+
+
+def registry(**handlers: Callable[..., Any]) -> Registry:
+    """The built-ins plus ``handlers`` registered under their keyword names."""
+    extra = Registry([make_task(fn, name) for name, fn in handlers.items()])
+    return worker_registry(extra)
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    settings: Settings, tasks: Registry | None = None, **kwargs: Any
+) -> AsyncIterator[Worker]:
+    """A worker running in this event loop; stopped gracefully on exit."""
+    worker = Worker(settings, tasks, **kwargs)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            worker.stop()
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+class Process:
+    """A ``notifyq`` command running as a child process, its stderr collected in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args = args
+        self.log = log
+        self._log_file = log.open("wb")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "notifyq", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        self._log_file.flush()
+        return self.log.read_text(errors="replace")
+
+    def wait_for_output(self, text: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"notifyq {' '.join(self.args)} exited with {self.popen.returncode} before "
+                    f"printing {text!r}:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} within {timeout}s:\n{self.output()}")
+            time.sleep(0.02)
+
+    def signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signum)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"notifyq {' '.join(self.args)} still running after {timeout}s:\n{self.output()}"
+            ) from None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+        self._log_file.close()
+
+
+def notifyq_env(db_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
+    env.update(DATABASE_URL=db_url, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def processes(tmp_path: Path) -> Iterator[Callable[..., Process]]:
+    """Starts ``notifyq`` child processes; kills whichever still run at the end."""
+    started: list[Process] = []
+
+    def start(*args: str, env: dict[str, str], name: str | None = None) -> Process:
+        log = tmp_path / f"{name or args[0]}-{len(started)}.log"
+        process = Process(list(args), env, log)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()
+
+
+SIGTERM = signal.SIGTERM
