@@ -40,10 +40,10 @@ class Backoff:
     def ceiling(self, attempt: int) -> float:
         """The most attempt ``attempt`` (1-based) waits before the next one."""
         try:
-            raw = self.base * self.factor ** max(0, attempt - 1)
+            raw = float(self.base) * float(self.factor) ** max(0, attempt - 1)
         except OverflowError:
-            return self.cap
-        return min(self.cap, raw) if math.isfinite(raw) else self.cap
+            return float(self.cap)
+        return min(float(self.cap), raw) if math.isfinite(raw) else float(self.cap)
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
         full = self.ceiling(attempt)

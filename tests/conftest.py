@@ -43,7 +43,9 @@ def _drop_stale_databases(conn: psycopg.Connection[Any]) -> None:
         except ValueError:
             continue
         if pid != os.getpid() and not _alive(pid):
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def _alive(pid: int) -> bool:
@@ -77,13 +79,17 @@ def template_db(server_url: str) -> Iterator[str]:
     """A database migrated once per session, cloned by every test."""
     name = f"{PREFIX}{os.getpid()}_template"
     with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = url_with_dbname(server_url, name)
     asyncio.run(migrate(Settings.load(database_url=url), progress=lambda _: None))
     yield name
     with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture
@@ -98,7 +104,9 @@ def db_url(server_url: str, template_db: str) -> Iterator[str]:
         )
     yield url_with_dbname(server_url, name)
     with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture
@@ -109,15 +117,21 @@ def empty_db_url(server_url: str) -> Iterator[str]:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield url_with_dbname(server_url, name)
     with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
     """Settings for this test's database, with short timings so that tests run fast."""
     return Settings.load(
-        database_url=db_url, poll_interval=30, lease_seconds=30, auto_migrate=False,
-        retry_base=0.05, retry_cap=0.2,
+        database_url=db_url,
+        poll_interval=30,
+        lease_seconds=30,
+        auto_migrate=False,
+        retry_base=0.05,
+        retry_cap=0.2,
     )
 
 

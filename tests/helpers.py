@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -30,13 +31,15 @@ def url_with_dbname(url: str, dbname: str) -> str:
 
 
 async def wait_until(
-    condition: Callable[[], Awaitable[Any]], *, timeout: float = 10.0, interval: float = 0.01
+    condition: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.01
 ) -> Any:
-    """Polls ``condition`` until it answers something truthy, and answers that; fails the test
-    after ``timeout`` seconds."""
+    """Polls ``condition`` (plain or async) until it answers something truthy, and answers
+    that; fails the test after ``timeout`` seconds."""
     with anyio.fail_after(timeout):
         while True:
-            value = await condition()
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
             if value:
                 return value
             await anyio.sleep(interval)

@@ -1,0 +1,128 @@
+"""The Python client, notifyq.Queue."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+
+import notifyq
+from notifyq import InvalidJob, JobSpec, JobStatus, Queue
+from notifyq.settings import Settings
+from tests.helpers import running_worker, wait_for_status
+
+
+async def test_enqueue_and_get(db_url: str) -> None:
+    async with Queue(db_url) as q:
+        result = await q.enqueue("echo", {"n": 1}, priority=3, max_attempts=4)
+        job = await q.get(result.job_id)
+    assert result.status is JobStatus.QUEUED and not result.duplicate
+    assert job is not None
+    assert (job.task, job.payload, job.priority, job.max_attempts) == ("echo", {"n": 1}, 3, 4)
+    assert (job.queue, job.attempt_count, job.status) == ("default", 0, JobStatus.QUEUED)
+
+
+async def test_get_of_an_unknown_id_is_none(db_url: str) -> None:
+    async with Queue(db_url) as q:
+        assert await q.get("00000000-0000-0000-0000-000000000000") is None
+        with pytest.raises(InvalidJob):
+            await q.get("not-a-uuid")
+
+
+async def test_delay_and_run_at(db_url: str, conn: Any) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    async with Queue(db_url) as q:
+        delayed = await q.enqueue("echo", {}, delay=30)
+        scheduled = await q.enqueue("echo", {}, run_at=later)
+        with pytest.raises(InvalidJob, match="not both"):
+            await q.enqueue("echo", {}, delay=1, run_at=later)
+    cursor = await conn.execute(
+        "SELECT extract(epoch FROM run_at - created_at) FROM notifyq.jobs WHERE id = %s",
+        [delayed.job_id],
+    )
+    assert 29 < float((await cursor.fetchone())[0]) < 31
+    assert abs((scheduled.run_at - later).total_seconds()) < 0.001
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("echo", [1]), {}, "payload must be a JSON object"),
+        (("echo", {"a": "x\x00"}), {}, "NUL"),
+        (("echo", {"a": float("nan")}), {}, "not JSON-serialisable"),
+        (("", {}), {}, "task must be a non-empty string"),
+        (("echo", {}), {"queue": "q\x00"}, "NUL"),
+        (("echo", {}), {"priority": 2**40}, "32 bits"),
+        (("echo", {}), {"delay": -1}, "delay"),
+        (("echo", {}), {"max_attempts": 0}, "max_attempts"),
+        (("echo", {}), {"dedup_key": "k" * 600}, "dedup_key"),
+    ],
+)
+async def test_malformed_jobs_are_refused_before_the_database(
+    db_url: str, args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    async with Queue(db_url) as q:
+        with pytest.raises(InvalidJob, match=message):
+            await q.enqueue(*args, **kwargs)
+
+
+async def test_enqueue_in_the_callers_transaction(
+    db_url: str, settings: Settings, conn: Any
+) -> None:
+    async with Queue(db_url) as q, running_worker(settings) as worker:
+        async with await psycopg.AsyncConnection.connect(db_url) as mine:
+            await mine.execute("CREATE TABLE orders (id int)")
+            await mine.execute("INSERT INTO orders VALUES (1)")
+            result = await q.enqueue("echo", {"order": 1}, conn=mine)
+            # Not visible, and no worker woken, before the caller commits.
+            assert await q.get(result.job_id) is None
+            await mine.commit()
+        row = await wait_for_status(conn, result.job_id, "completed", timeout=5)
+    assert row["result"] == {"order": 1}
+    assert worker.stats.completed == 1
+
+
+async def test_a_rolled_back_enqueue_leaves_nothing(db_url: str) -> None:
+    async with Queue(db_url) as q:
+        async with await psycopg.AsyncConnection.connect(db_url) as mine:
+            result = await q.enqueue("echo", {}, conn=mine)
+            await mine.rollback()
+        assert await q.get(result.job_id) is None
+
+
+async def test_enqueue_many_answers_in_order_with_duplicates(db_url: str, conn: Any) -> None:
+    jobs: list[Any] = [{"task": "echo", "payload": {"i": i}, "priority": i % 3} for i in range(500)]
+    jobs[10] = {"task": "echo", "payload": {"v": 1}, "dedup_key": "d"}
+    jobs[20] = JobSpec.create("echo", {"v": 2}, dedup_key="d")
+    async with Queue(db_url) as q:
+        results = await q.enqueue_many(jobs)
+        with pytest.raises(InvalidJob, match="unknown job field"):
+            await q.enqueue_many([{"task": "echo", "colour": "red"}])
+    assert len(results) == 500
+    assert results[20].job_id == results[10].job_id
+    assert (results[10].duplicate, results[20].duplicate) == (False, True)
+    assert len({r.job_id for r in results}) == 499
+    cursor = await conn.execute(
+        "SELECT payload FROM notifyq.jobs WHERE id = %s", [results[10].job_id]
+    )
+    assert (await cursor.fetchone())[0] == {"v": 2}
+    cursor = await conn.execute(
+        "SELECT payload FROM notifyq.jobs WHERE id = %s", [results[7].job_id]
+    )
+    assert (await cursor.fetchone())[0] == {"i": 7}
+
+
+async def test_wait_answers_the_finished_job(db_url: str, settings: Settings) -> None:
+    async with Queue(db_url) as q, running_worker(settings):
+        result = await q.enqueue("hello_world", {"name": "notifyq"})
+        job = await q.wait(result.job_id, timeout=5)
+    assert job.status is JobStatus.COMPLETED
+    assert job.result == {"message": "Hello, notifyq!"}
+
+
+def test_public_names_are_exported() -> None:
+    for name in notifyq.__all__:
+        assert getattr(notifyq, name) is not None
+    assert notifyq.Queue is Queue

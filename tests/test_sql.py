@@ -1,0 +1,177 @@
+"""The SQL face of notifyq: migrations, defaults, notifyq.enqueue and its duplicate rule."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from notifyq.errors import MigrationError
+from notifyq.migrations import latest_version, migrate
+from notifyq.settings import Settings
+from tests.helpers import wait_until
+
+
+async def scalar(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) -> Any:
+    cursor = await conn.execute(query, params or None)
+    row = await cursor.fetchone()
+    return row[0] if row else None
+
+
+async def test_migrate_is_idempotent_and_recorded(empty_db_url: str) -> None:
+    settings = Settings.load(database_url=empty_db_url)
+    first = await migrate(settings, progress=lambda _: None)
+    second = await migrate(settings, progress=lambda _: None)
+    assert [m.version for m in first] == list(range(1, latest_version() + 1))
+    assert second == []
+    async with await psycopg.AsyncConnection.connect(empty_db_url) as conn:
+        assert await scalar(conn, "SELECT max(version) FROM notifyq.migrations") == latest_version()
+
+
+async def test_concurrent_migrations_apply_each_file_once(empty_db_url: str) -> None:
+    settings = Settings.load(database_url=empty_db_url)
+    results = await asyncio.gather(*(migrate(settings, progress=lambda _: None) for _ in range(4)))
+    assert sorted(len(applied) for applied in results) == [0, 0, 0, latest_version()]
+
+
+async def test_a_changed_migration_is_refused(db_url: str, conn: Any) -> None:
+    await conn.execute("UPDATE notifyq.migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        await migrate(Settings.load(database_url=db_url), progress=lambda _: None)
+
+
+async def test_migrate_stores_explicit_defaults_for_sql_clients(db_url: str, conn: Any) -> None:
+    await migrate(
+        Settings.load(database_url=db_url, default_task="hello_world", max_attempts=7),
+        progress=lambda _: None,
+    )
+    job_id = await scalar(conn, "INSERT INTO notifyq.jobs (payload) VALUES ('{}') RETURNING id")
+    cursor = await conn.execute(
+        "SELECT task, max_attempts FROM notifyq.jobs WHERE id = %s", [job_id]
+    )
+    assert await cursor.fetchone() == ("hello_world", 7)
+
+
+async def test_a_plain_insert_is_a_complete_enqueue(conn: Any) -> None:
+    cursor = await conn.execute(
+        """INSERT INTO notifyq.jobs (task, payload) VALUES ('echo', '{"n": 1}')
+           RETURNING status, queue, priority, attempt_count, max_attempts, run_at <= now(),
+                     created_at IS NOT NULL, dedup_key, result, last_error"""
+    )
+    assert await cursor.fetchone() == (
+        "queued",
+        "default",
+        0,
+        0,
+        3,
+        True,
+        True,
+        None,
+        None,
+        None,
+    )
+
+
+async def test_registered_task_max_attempts_applies_to_sql_inserts(conn: Any) -> None:
+    await conn.execute("INSERT INTO notifyq.tasks (name, max_attempts) VALUES ('mailer', 9)")
+    assert (
+        await scalar(
+            conn, "INSERT INTO notifyq.jobs (task) VALUES ('mailer') RETURNING max_attempts"
+        )
+        == 9
+    )
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO notifyq.jobs (task, payload) VALUES ('echo', '[1, 2]')",
+        "INSERT INTO notifyq.jobs (task, status) VALUES ('echo', 'bogus')",
+        "INSERT INTO notifyq.jobs (task) VALUES ('')",
+        "INSERT INTO notifyq.jobs (task, max_attempts) VALUES ('echo', 0)",
+    ],
+)
+async def test_the_table_refuses_malformed_rows(conn: Any, statement: str) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await conn.execute(statement)
+
+
+async def test_enqueue_function_returns_the_id_and_applies_the_duplicate_rule(conn: Any) -> None:
+    first = await scalar(
+        conn, "SELECT notifyq.enqueue('echo', '{\"v\": 1}', dedup_key => 'k', priority => 1)"
+    )
+    again = await scalar(
+        conn, "SELECT notifyq.enqueue('echo', '{\"v\": 2}', dedup_key => 'k', priority => 7)"
+    )
+    other_queue = await scalar(
+        conn, "SELECT notifyq.enqueue('echo', '{}', queue => 'q2', dedup_key => 'k')"
+    )
+    assert again == first
+    assert other_queue != first
+    cursor = await conn.execute("SELECT payload, priority FROM notifyq.jobs WHERE id = %s", [first])
+    assert await cursor.fetchone() == ({"v": 2}, 7)
+
+
+async def test_a_duplicate_never_touches_a_running_job(conn: Any) -> None:
+    first = await scalar(conn, "SELECT notifyq.enqueue('echo', '{\"v\": 1}', dedup_key => 'k')")
+    await conn.execute(
+        "UPDATE notifyq.jobs SET status = 'processing', worker_id = 'w' WHERE id = %s", [first]
+    )
+    second = await scalar(conn, "SELECT notifyq.enqueue('echo', '{\"v\": 2}', dedup_key => 'k')")
+    assert second != first
+    cursor = await conn.execute("SELECT payload, status FROM notifyq.jobs WHERE id = %s", [first])
+    assert await cursor.fetchone() == ({"v": 1}, "processing")
+
+
+async def test_concurrent_duplicates_leave_one_queued_job(db_url: str, conn: Any) -> None:
+    async def submit(n: int) -> Any:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            return await scalar(
+                c, "SELECT notifyq.enqueue('echo', %s::jsonb, dedup_key => 'same')", f'{{"n": {n}}}'
+            )
+
+    ids = await asyncio.gather(*(submit(n) for n in range(30)))
+    assert len(set(ids)) == 1
+    assert await scalar(conn, "SELECT count(*) FROM notifyq.jobs WHERE dedup_key = 'same'") == 1
+
+
+async def test_a_duplicate_claimed_meanwhile_gets_a_new_job(db_url: str, conn: Any) -> None:
+    first = await scalar(conn, "SELECT notifyq.enqueue('echo', '{}', dedup_key => 'k')")
+    async with await psycopg.AsyncConnection.connect(db_url) as claimer:
+        # A worker's claim holds the row lock while the duplicate arrives.
+        await claimer.execute(
+            "UPDATE notifyq.jobs SET status = 'processing', worker_id = 'w' WHERE id = %s",
+            [first],
+        )
+        pending = asyncio.create_task(
+            scalar(conn, "SELECT notifyq.enqueue('echo', '{\"late\": true}', dedup_key => 'k')")
+        )
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watcher:
+            await wait_until(
+                lambda: scalar(
+                    watcher,
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()",
+                )
+            )
+        assert not pending.done()
+        await claimer.commit()
+        second = await asyncio.wait_for(pending, 5)
+    assert second != first
+    cursor = await conn.execute(
+        "SELECT id, status FROM notifyq.jobs WHERE dedup_key = 'k' ORDER BY created_at"
+    )
+    assert await cursor.fetchall() == [(first, "processing"), (second, "queued")]
+
+
+async def test_enqueue_many_function_keeps_input_order(conn: Any) -> None:
+    cursor = await conn.execute(
+        """SELECT ord, duplicate FROM notifyq.enqueue_many_v1(
+               ARRAY['echo', 'echo', 'echo', 'echo'], ARRAY['{}', '{}', '{}', '{}']::jsonb[],
+               ARRAY['default', 'default', 'default', 'other'], ARRAY[0, 0, 0, 0],
+               ARRAY[NULL, NULL, NULL, NULL]::timestamptz[], ARRAY[NULL, 'd', 'd', 'd'],
+               ARRAY[NULL, NULL, NULL, NULL]::integer[]) ORDER BY ord"""
+    )
+    assert await cursor.fetchall() == [(1, False), (2, False), (3, True), (4, False)]
