@@ -7,10 +7,9 @@ caller's own transaction). Connection failures come out as
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
@@ -64,26 +63,51 @@ class Store:
         self._pool = pool
         self._q = load_queries()
 
-    @contextlib.asynccontextmanager
-    async def _connection(
-        self, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if conn is not None:
-            yield conn
-        else:
-            async with self._pool.connection() as pooled:
-                yield pooled
+    async def _run(
+        self,
+        name: str,
+        params: dict[str, Any] | None,
+        *,
+        what: str,
+        fetch: Literal["all", "one", "none"] = "all",
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        as_dicts: bool = False,
+    ) -> Any:
+        """Runs query ``name`` and fetches its rows. On a pooled connection that the server had
+        closed while it sat idle (a restart, pg_terminate_backend), the query never ran, so it
+        is run again on another connection, up to the size of the pool."""
+        query = self._q[name]
+
+        async def on(c: psycopg.AsyncConnection[Any]) -> Any:
+            cursor = c.cursor(row_factory=dict_row) if as_dicts else c.cursor()
+            await cursor.execute(query, params)
+            if fetch == "all":
+                return await cursor.fetchall()
+            if fetch == "one":
+                return await cursor.fetchone()
+            return None
+
+        with translate_errors(what):
+            if conn is not None:
+                return await on(conn)
+            tries = (self._pool.max_size or 1) + 1
+            for attempt in range(1, tries + 1):
+                pooled: psycopg.AsyncConnection[Any] | None = None
+                try:
+                    async with self._pool.connection() as pooled:
+                        return await on(pooled)
+                except psycopg.OperationalError:
+                    if attempt < tries and pooled is not None and pooled.broken:
+                        continue
+                    raise
+        raise AssertionError("unreachable")
 
     # -- submitting --------------------------------------------------------------------------
 
     async def enqueue(
         self, spec: JobSpec, *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> EnqueueResult:
-        with translate_errors("enqueue"):
-            async with self._connection(conn) as c:
-                cursor = await c.execute(self._q["enqueue"], _spec_params(spec))
-                row = await cursor.fetchone()
-        assert row is not None
+        row = await self._run("enqueue", _spec_params(spec), what="enqueue", fetch="one", conn=conn)
         return EnqueueResult(row[0], JobStatus(row[2]), row[1], row[3], row[4])
 
     async def enqueue_many(
@@ -101,24 +125,17 @@ class Store:
             "dedup_keys": [s.dedup_key for s in specs],
             "max_attempts": [s.max_attempts for s in specs],
         }
-        with translate_errors("enqueue"):
-            async with self._connection(conn) as c:
-                cursor = await c.execute(self._q["enqueue_many"], params)
-                rows = await cursor.fetchall()
+        rows = await self._run("enqueue_many", params, what="enqueue", conn=conn)
         return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
 
     async def get_job(self, job_id: UUID) -> Job | None:
-        with translate_errors("reading a job"):
-            async with self._pool.connection() as c:
-                cursor = c.cursor(row_factory=dict_row)
-                await cursor.execute(self._q["get_job"], {"id": job_id})
-                row = await cursor.fetchone()
+        row = await self._run(
+            "get_job", {"id": job_id}, what="reading a job", fetch="one", as_dicts=True
+        )
         return Job.from_row(row) if row else None
 
     async def ping(self) -> None:
-        with translate_errors("health check"):
-            async with self._pool.connection() as c:
-                await c.execute(self._q["ping"])
+        await self._run("ping", None, what="health check", fetch="one")
 
     # -- working -----------------------------------------------------------------------------
 
@@ -137,27 +154,21 @@ class Store:
             "limit": limit,
             "lease": lease,
         }
-        query = self._q["claim_jobs"]
+        name = "claim_jobs"
         if queues is not None:
             params["queues"] = list(queues)
-            query = self._q["claim_jobs_in_queues"]
-        with translate_errors("claiming jobs"):
-            async with self._pool.connection() as c:
-                cursor = await c.execute(query, params)
-                rows = await cursor.fetchall()
+            name = "claim_jobs_in_queues"
+        rows = await self._run(name, params, what="claiming jobs")
         return [ClaimedJob(*row) for row in rows]
 
     async def seconds_to_next_job(
         self, *, tasks: Sequence[str], queues: Sequence[str] | None
     ) -> float | None:
         """Seconds until the earliest queued job of these tasks that is not due yet."""
-        with translate_errors("looking for delayed jobs"):
-            async with self._pool.connection() as c:
-                cursor = await c.execute(
-                    self._q["seconds_to_next_job"],
-                    {"tasks": list(tasks), "queues": None if queues is None else list(queues)},
-                )
-                row = await cursor.fetchone()
+        params = {"tasks": list(tasks), "queues": None if queues is None else list(queues)}
+        row = await self._run(
+            "seconds_to_next_job", params, what="looking for delayed jobs", fetch="one"
+        )
         return row[0] if row else None
 
     async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
@@ -180,10 +191,7 @@ class Store:
             "retryable": [f.retryable for f in failed],
             "delays": [f.delay for f in failed],
         }
-        with translate_errors("recording failures"):
-            async with self._pool.connection() as c:
-                cursor = await c.execute(self._q["fail_jobs"], params)
-                rows = await cursor.fetchall()
+        rows = await self._run("fail_jobs", params, what="recording failures")
         return {row[0]: JobStatus(row[1]) for row in rows}
 
     async def release(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
@@ -196,25 +204,15 @@ class Store:
         return await self._ids("extend_leases", params, "renewing leases")
 
     async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
-        with translate_errors("rescuing jobs"):
-            async with self._pool.connection() as c:
-                cursor = await c.execute(self._q["rescue_expired"], {"limit": limit})
-                rows = await cursor.fetchall()
+        rows = await self._run("rescue_expired", {"limit": limit}, what="rescuing jobs")
         return [Rescued(row[0], JobStatus(row[1])) for row in rows]
 
     async def register_task(self, name: str, max_attempts: int | None, options_json: str) -> None:
-        with translate_errors("registering tasks"):
-            async with self._pool.connection() as c:
-                await c.execute(
-                    self._q["register_task"],
-                    {"name": name, "max_attempts": max_attempts, "options": options_json},
-                )
+        params = {"name": name, "max_attempts": max_attempts, "options": options_json}
+        await self._run("register_task", params, what="registering tasks", fetch="none")
 
     async def _ids(self, query: str, params: dict[str, Any], what: str) -> set[UUID]:
-        with translate_errors(what):
-            async with self._pool.connection() as c:
-                cursor = await c.execute(self._q[query], params)
-                return {row[0] for row in await cursor.fetchall()}
+        return {row[0] for row in await self._run(query, params, what=what)}
 
 
 def _held_params(worker_id: str, held: Iterable[Held]) -> dict[str, Any]:
