@@ -8,6 +8,7 @@ access (nothing happens at import).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import logging
@@ -19,7 +20,7 @@ from uuid import UUID
 
 import anyio
 import psycopg
-from fastapi import Depends, FastAPI, Request, Response, status
+from fastapi import Depends, FastAPI, Query, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -208,6 +209,49 @@ class JobOut(BaseModel):
         )
 
 
+class JobPage(BaseModel):
+    """One page of jobs, newest first."""
+
+    jobs: list[JobOut]
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null on the last page."
+    )
+
+
+class BreakerOut(BaseModel):
+    state: str = Field(description="closed, open (claims paused) or half_open (one probe runs)")
+    threshold: int | None = Field(description="Consecutive failures that open it; null: none.")
+    cooldown: float
+    consecutive_failures: int
+    open_until: datetime | None
+
+
+class TaskOut(BaseModel):
+    """A task as registered by the workers that serve it."""
+
+    name: str
+    max_attempts: int | None
+    options: dict[str, Any]
+    breaker: BreakerOut
+    registered_at: datetime
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> TaskOut:
+        return cls(
+            name=row["name"],
+            max_attempts=row["max_attempts"],
+            options=row["options"],
+            registered_at=row["updated_at"],
+            breaker=BreakerOut(
+                state=row["breaker_state"],
+                threshold=row["breaker_threshold"],
+                cooldown=row["breaker_cooldown"],
+                consecutive_failures=row["consecutive_failures"],
+                open_until=row["breaker_open_until"],
+            ),
+        )
+
+
 class ErrorOut(BaseModel):
     detail: Any
 
@@ -300,6 +344,65 @@ def create_app(
         return JobOut.of(job)
 
     @app.get(
+        "/jobs",
+        response_model=JobPage,
+        dependencies=guard,
+        summary="List jobs, newest first",
+    )
+    async def list_jobs(
+        request: Request,
+        status_: JobStatus | None = Query(None, alias="status", description="Only this status."),
+        queue: str | None = Query(None, max_length=MAX_NAME_LENGTH, description="Only this queue."),
+        task: str | None = Query(None, max_length=MAX_NAME_LENGTH, description="Only this task."),
+        limit: int = Query(50, ge=1, le=500, description="Jobs per page."),
+        cursor: str | None = Query(None, description="next_cursor of the page before."),
+    ) -> JobPage:
+        after = _decode_cursor(cursor) if cursor else None
+        jobs = await _store(request).list_jobs(
+            status=status_, queue=queue, task=task, limit=limit + 1, after=after
+        )
+        page, more = jobs[:limit], len(jobs) > limit
+        return JobPage(
+            jobs=[JobOut.of(job) for job in page],
+            next_cursor=_encode_cursor(page[-1]) if more else None,
+        )
+
+    @app.post(
+        "/jobs/{job_id}/retry",
+        response_model=JobOut,
+        dependencies=guard,
+        responses={
+            404: {"model": ErrorOut, "description": "No job has this id."},
+            409: {"model": ErrorOut, "description": "The job is not failed or cancelled."},
+        },
+        summary="Requeue a failed or cancelled job",
+    )
+    async def retry_job(job_id: UUID, request: Request) -> JobOut | JSONResponse:
+        store = _store(request)
+        retried = await store.retry_job(job_id)
+        job = await store.get_job(job_id)
+        if job is None:
+            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+        if not retried:
+            return JSONResponse(
+                {
+                    "detail": f"job {job_id} is {job.status.value}; only failed or cancelled jobs "
+                    "can be retried"
+                },
+                status_code=409,
+            )
+        return JobOut.of(job)
+
+    @app.get(
+        "/tasks",
+        response_model=list[TaskOut],
+        dependencies=guard,
+        summary="Tasks registered by workers, with their options and circuit breakers",
+    )
+    async def list_tasks(request: Request) -> list[TaskOut]:
+        return [TaskOut.of(row) for row in await _store(request).list_tasks()]
+
+    @app.get(
         "/health",
         response_model=HealthOut,
         responses={503: {"model": HealthOut, "description": "The database does not answer."}},
@@ -326,6 +429,20 @@ def create_app(
     return app
 
 
+def _encode_cursor(job: Job) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|")
+        return datetime.fromisoformat(created), UUID(job_id)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidJob("cursor is not one that GET /jobs gave out") from None
+
+
 def _store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
@@ -341,7 +458,7 @@ def _token_guard(settings: Settings) -> Callable[..., Awaitable[None]]:
     # The dependency goes in the default, not in Annotated[...]: with postponed annotations
     # FastAPI could not see the local `bearer`.
     async def check(
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> None:
         if expected is None:
             return

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -110,6 +111,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="print a job as JSON")
     status.add_argument("job_id", metavar="JOB_ID")
+
+    retry = commands.add_parser(
+        "retry", help="requeue failed (or cancelled) jobs: by id, or all matching the filters"
+    )
+    retry.add_argument("job_ids", metavar="JOB_ID", nargs="*")
+    retry.add_argument("--task", help="every failed job of this task")
+    retry.add_argument("--queue", help="every failed job of this queue")
+    retry.add_argument("--status", choices=["failed", "cancelled"], default="failed")
+    retry.add_argument("--all", action="store_true", help="every failed job, whatever its task")
+
+    jobs = commands.add_parser("jobs", help="list jobs, newest first")
+    jobs.add_argument(
+        "--status", choices=["queued", "processing", "completed", "failed", "cancelled"]
+    )
+    jobs.add_argument("--task")
+    jobs.add_argument("--queue")
+    jobs.add_argument("--limit", type=_positive_int, default=20)
+    jobs.add_argument("--json", action="store_true", help="one JSON object per line")
     return parser
 
 
@@ -210,7 +229,31 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
             tg.cancel_scope.cancel()
 
     anyio.run(run)
+    _exit_now_if_threads_hang()
     return 0
+
+
+def _exit_now_if_threads_hang() -> None:
+    """A plain-function handler that ran past the shutdown grace was abandoned in its thread
+    (threads cannot be cancelled) and its job requeued. Python would wait for that thread at
+    exit; exit without it instead, as the job is already back in the queue."""
+    import threading
+
+    deadline = time.monotonic() + 0.5
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if stuck:
+        logger.warning("exiting without %d handler thread(s) that are still running", len(stuck))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 async def _stop_on_signals(stop: Callable[[], None]) -> None:
@@ -257,6 +300,7 @@ def _serve(args: argparse.Namespace, settings: Any) -> int:
     server.run()
     if not server.started:
         raise _Failed("the server did not start; see the log above")
+    _exit_now_if_threads_hang()
     return 0
 
 
@@ -338,7 +382,78 @@ def _status(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+def _retry(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+    from notifyq.models import JobStatus
+
+    if not args.job_ids and not (args.task or args.queue or args.all):
+        raise _Failed("name JOB_IDs, or choose jobs with --task, --queue or --all")
+
+    async def run() -> tuple[int, list[str]]:
+        async with Queue(settings=settings, pool_size=1) as q:
+            if not args.job_ids:
+                count = await q.store.retry_jobs(
+                    status=JobStatus(args.status), task=args.task, queue=args.queue
+                )
+                return count, []
+            refused = []
+            for job_id in args.job_ids:
+                if not await q.store.retry_job(_parse_job_id(job_id)):
+                    job = await q.get(job_id)
+                    state = "unknown" if job is None else job.status.value
+                    refused.append(f"{job_id} ({state})")
+            return len(args.job_ids) - len(refused), refused
+
+    count, refused = anyio.run(run)
+    print(f"requeued {count} job(s)")
+    if refused:
+        raise _Failed("not requeued, as they are not failed or cancelled: " + ", ".join(refused))
+    return 0
+
+
+def _jobs(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.api import JobOut
+    from notifyq.client import Queue
+    from notifyq.models import JobStatus
+
+    async def run() -> Any:
+        async with Queue(settings=settings, pool_size=1) as q:
+            return await q.store.list_jobs(
+                status=JobStatus(args.status) if args.status else None,
+                task=args.task,
+                queue=args.queue,
+                limit=args.limit,
+            )
+
+    jobs = anyio.run(run)
+    if args.json:
+        for job in jobs:
+            print(JobOut.of(job).model_dump_json())
+        return 0
+    header = f"{'JOB ID':36}  {'STATUS':10}  {'TASK':16}  {'QUEUE':10}  TRIES"
+    print(f"{header}  {'CREATED':19}  ERROR")
+    for job in jobs:
+        error = (job.last_error or "").splitlines()[0][:50] if job.last_error else ""
+        print(
+            f"{job.id!s:36}  {job.status.value:10}  {job.task[:16]:16}  {job.queue[:10]:10}  "
+            f"{job.attempt_count:>2}/{job.max_attempts:<2}  "
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}  {error}"
+        )
+    return 0
+
+
+def _parse_job_id(text: str) -> Any:
+    from uuid import UUID
+
+    try:
+        return UUID(text)
+    except ValueError:
+        raise InvalidJob(f"{text!r} is not a job id (a UUID)") from None
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "retry": _retry,
+    "jobs": _jobs,
     "migrate": _migrate,
     "serve": _serve,
     "worker": _worker,

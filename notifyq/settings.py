@@ -75,6 +75,13 @@ class Settings(BaseSettings):
     retry_base: float = Field(default=1.0, ge=0)
     retry_factor: float = Field(default=2.0, ge=1)
     retry_cap: float = Field(default=3600.0, ge=0)
+    breaker_threshold: int | None = Field(
+        default=None,
+        ge=1,
+        description="Consecutive failures that open a task's circuit breaker, for tasks that "
+        "set none; unset means no breaker.",
+    )
+    breaker_cooldown: float = Field(default=30.0, gt=0)
     api_token: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

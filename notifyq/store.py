@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
@@ -19,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq.db import translate_errors
 from notifyq.models import ClaimedJob, EnqueueResult, Job, JobSpec, JobStatus
 from notifyq.queries import load_queries
+from notifyq.tasks import CircuitBreaker, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,18 +149,19 @@ class Store:
         queues: Sequence[str] | None,
         limit: int,
         lease: float,
+        probe: bool = False,
     ) -> list[ClaimedJob]:
+        """Claims up to ``limit`` due jobs. ``probe`` ignores open circuit breakers: only for a
+        worker that took the probe of ``tasks``."""
         params: dict[str, Any] = {
             "worker_id": worker_id,
             "tasks": list(tasks),
+            "queues": None if queues is None else list(queues),
             "limit": limit,
             "lease": lease,
+            "probe": probe,
         }
-        name = "claim_jobs"
-        if queues is not None:
-            params["queues"] = list(queues)
-            name = "claim_jobs_in_queues"
-        rows = await self._run(name, params, what="claiming jobs")
+        rows = await self._run("claim_jobs", params, what="claiming jobs")
         return [ClaimedJob(*row) for row in rows]
 
     async def seconds_to_next_job(
@@ -207,9 +210,76 @@ class Store:
         rows = await self._run("rescue_expired", {"limit": limit}, what="rescuing jobs")
         return [Rescued(row[0], JobStatus(row[1])) for row in rows]
 
-    async def register_task(self, name: str, max_attempts: int | None, options_json: str) -> None:
-        params = {"name": name, "max_attempts": max_attempts, "options": options_json}
+    async def register_task(self, task: Task, breaker: CircuitBreaker | None) -> None:
+        params = {
+            "name": task.name,
+            "max_attempts": task.max_attempts,
+            "options": task.options_json(),
+            "breaker_threshold": breaker.threshold if breaker else None,
+            "breaker_cooldown": breaker.cooldown if breaker else 30.0,
+        }
         await self._run("register_task", params, what="registering tasks", fetch="none")
+
+    async def take_breaker_probes(self, tasks: Sequence[str]) -> list[str]:
+        """The tasks whose half-open breaker this caller won the probe of."""
+        rows = await self._run(
+            "take_breaker_probes", {"tasks": list(tasks)}, what="probing circuit breakers"
+        )
+        return [row[0] for row in rows]
+
+    async def list_tasks(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._run(
+            "list_tasks", None, what="listing tasks", as_dicts=True
+        )
+        return rows
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        after: tuple[datetime, UUID] | None = None,
+    ) -> list[Job]:
+        """Jobs newest first; ``after`` is the (created_at, id) of the last job of the page
+        before."""
+        params = {
+            "status": status.value if status else None,
+            "queue": queue,
+            "task": task,
+            "limit": limit,
+            "after_created": after[0] if after else None,
+            "after_id": after[1] if after else None,
+        }
+        rows = await self._run("list_jobs", params, what="listing jobs", as_dicts=True)
+        return [Job.from_row(row) for row in rows]
+
+    async def retry_job(self, job_id: UUID) -> bool:
+        """Requeues one failed or cancelled job; False if it is in another state or unknown."""
+        row = await self._run("retry_job", {"id": job_id}, what="retrying a job", fetch="one")
+        return row is not None
+
+    async def retry_jobs(
+        self,
+        *,
+        status: JobStatus = JobStatus.FAILED,
+        queue: str | None = None,
+        task: str | None = None,
+        batch: int = 1000,
+    ) -> int:
+        """Requeues every job in ``status`` (failed or cancelled) matching the filters, in
+        batches; answers how many."""
+        if status not in (JobStatus.FAILED, JobStatus.CANCELLED):
+            raise ValueError("only failed or cancelled jobs can be retried")
+        params = {"status": status.value, "queue": queue, "task": task, "limit": batch}
+        total = 0
+        while True:
+            row = await self._run("retry_jobs", params, what="retrying jobs", fetch="one")
+            count: int = row[0]
+            total += count
+            if count < batch:
+                return total
 
     async def _ids(self, query: str, params: dict[str, Any], what: str) -> set[UUID]:
         return {row[0] for row in await self._run(query, params, what=what)}

@@ -51,6 +51,20 @@ class Backoff:
 
 
 @dataclass(frozen=True, slots=True)
+class CircuitBreaker:
+    """After ``threshold`` consecutive retryable failures of a task, every worker stops claiming
+    it for ``cooldown`` seconds; then one probe job runs, and its success closes the breaker.
+    The state lives in the database, so all workers agree."""
+
+    threshold: int = 5
+    cooldown: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.threshold < 1 or self.cooldown <= 0:
+            raise TaskError("a circuit breaker needs threshold >= 1 and cooldown > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """A registered handler and its options."""
 
@@ -59,6 +73,7 @@ class Task:
     max_attempts: int | None = None
     timeout: float | None = None
     backoff: Backoff | None = None
+    breaker: CircuitBreaker | None = None
     is_async: bool = field(default=False)
 
     def options(self) -> dict[str, Any]:
@@ -67,6 +82,7 @@ class Task:
             "max_attempts": self.max_attempts,
             "timeout": self.timeout,
             "backoff": None if self.backoff is None else dataclasses.asdict(self.backoff),
+            "breaker": None if self.breaker is None else dataclasses.asdict(self.breaker),
             "kind": "async" if self.is_async else "thread",
         }
 
@@ -92,6 +108,7 @@ def make_task(
     max_attempts: int | None = None,
     timeout: float | None = None,
     backoff: Backoff | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> Task:
     """Builds a :class:`Task`, checking its options."""
     if not callable(fn):
@@ -112,6 +129,7 @@ def make_task(
         max_attempts=max_attempts,
         timeout=None if timeout is None else float(timeout),
         backoff=backoff,
+        breaker=breaker,
         is_async=inspect.iscoroutinefunction(fn),
     )
 
@@ -184,6 +202,7 @@ def task(
     max_attempts: int | None = None,
     timeout: float | None = None,
     backoff: Backoff | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     fn_or_name: Any = None,
@@ -192,6 +211,7 @@ def task(
     max_attempts: int | None = None,
     timeout: float | None = None,
     backoff: Backoff | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> Any:
     """Registers a handler as a task. Use it bare (``@task``, named after the function) or with
     options (``@task("send_email", max_attempts=5, timeout=30)``). The function is returned
@@ -199,7 +219,14 @@ def task(
 
     def register(fn: F, name: str | None = None) -> F:
         _registry.add(
-            make_task(fn, name, max_attempts=max_attempts, timeout=timeout, backoff=backoff)
+            make_task(
+                fn,
+                name,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                backoff=backoff,
+                breaker=breaker,
+            )
         )
         return fn
 

@@ -36,12 +36,14 @@ from notifyq.models import ClaimedJob, JobStatus, encode_json
 from notifyq.notifier import Listener
 from notifyq.settings import Settings
 from notifyq.store import Failure, Held, Store, Success
-from notifyq.tasks import Backoff, Registry, Task, worker_registry
+from notifyq.tasks import Backoff, CircuitBreaker, Registry, Task, worker_registry
 
 logger = logging.getLogger(__name__)
 
 #: Most jobs one claim statement takes, however many slots are free.
 MAX_CLAIM_BATCH = 500
+#: Seconds between looks for half-open circuit breakers (only with breakers configured).
+BREAKER_TICK = 1.0
 #: How long the final writes of a stopping worker may take.
 FINAL_WRITE_TIMEOUT = 10.0
 MAX_ERROR_LENGTH = 4000
@@ -108,6 +110,8 @@ class Worker:
         self.stats = WorkerStats()
         self._burst = burst
         self._tasks = self.registry.names()
+        self._guarded = [t.name for t in self.registry if self._breaker(t) is not None]
+        self._next_probe = 0.0
         self._queues = settings.queues
         self._backoff = Backoff(settings.retry_base, settings.retry_factor, settings.retry_cap)
         self._free = settings.concurrency
@@ -191,10 +195,17 @@ class Worker:
                         await self._final_writes()
         logger.info("worker %s stopped", self.id)
 
+    def _breaker(self, task: Task) -> CircuitBreaker | None:
+        if task.breaker is not None:
+            return task.breaker
+        if self.settings.breaker_threshold is not None:
+            return CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
+        return None
+
     async def _register_tasks(self) -> None:
         assert self._store is not None
         for task in self.registry:
-            await self._store.register_task(task.name, task.max_attempts, task.options_json())
+            await self._store.register_task(task, self._breaker(task))
 
     # -- producer --------------------------------------------------------------------------
 
@@ -220,7 +231,11 @@ class Worker:
                 self._starved = True
                 await wake.wait()
                 continue
+            if self._guarded and time.monotonic() >= self._next_probe:
+                await self._probe_breakers(jobs)
             limit = min(self._free, MAX_CLAIM_BATCH)
+            if limit == 0:
+                continue
             try:
                 claimed = await self._store.claim(
                     worker_id=self.id,
@@ -253,8 +268,34 @@ class Worker:
                 due = None
             if due is not None:
                 timeout = min(timeout, max(due, 0.0))
+            if self._guarded:
+                timeout = min(timeout, max(self._next_probe - time.monotonic(), 0.0))
             with anyio.move_on_after(timeout):
                 await wake.wait()
+
+    async def _probe_breakers(self, jobs: TaskGroup) -> None:
+        """Once a second: for each task whose breaker is half-open, try to win its probe and
+        run one job of it."""
+        assert self._store is not None
+        self._next_probe = time.monotonic() + BREAKER_TICK
+        try:
+            won = await self._store.take_breaker_probes(self._guarded)
+            for name in won:
+                if self._free == 0:
+                    break
+                logger.info("task %s: circuit breaker half-open, running one probe job", name)
+                claimed = await self._store.claim(
+                    worker_id=self.id,
+                    tasks=[name],
+                    queues=self._queues,
+                    limit=1,
+                    lease=self.settings.lease_seconds,
+                    probe=True,
+                )
+                for job in claimed:
+                    self._start(jobs, job)
+        except DatabaseUnavailable as exc:
+            logger.warning("circuit breaker probe failed: %s", exc)
 
     def _start(self, jobs: TaskGroup, job: ClaimedJob) -> None:
         task = self.registry.get(job.task)

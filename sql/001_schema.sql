@@ -18,11 +18,20 @@ INSERT INTO notifyq.settings (key, value) VALUES ('default_task', 'echo'), ('max
 -- Tasks that workers have registered, with their options. Written by every worker at start so
 -- that SQL inserts and API processes (which may not import the task code) use the task's own
 -- max_attempts, and so that `GET /tasks` can list them.
+--
+-- The circuit breaker of a task lives here too, so that every worker sees the same state:
+-- closed while breaker_open_until is NULL; open until that time once consecutive_failures
+-- reaches breaker_threshold; half-open after it, when one worker takes a probe by pushing the
+-- time forward (see take_breaker_probes in queries.sql).
 CREATE TABLE notifyq.tasks (
-    name         text PRIMARY KEY,
-    max_attempts integer CHECK (max_attempts >= 1),
-    options      jsonb NOT NULL DEFAULT '{}'::jsonb,
-    updated_at   timestamptz NOT NULL DEFAULT now()
+    name                 text PRIMARY KEY,
+    max_attempts         integer CHECK (max_attempts >= 1),
+    options              jsonb NOT NULL DEFAULT '{}'::jsonb,
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    breaker_threshold    integer CHECK (breaker_threshold >= 1),
+    breaker_cooldown     double precision NOT NULL DEFAULT 30 CHECK (breaker_cooldown > 0),
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    breaker_open_until   timestamptz
 );
 
 CREATE TABLE notifyq.jobs (
@@ -71,6 +80,8 @@ CREATE UNIQUE INDEX jobs_dedup_idx ON notifyq.jobs (queue, dedup_key)
     WHERE status = 'queued' AND dedup_key IS NOT NULL;
 -- Listing jobs newest first, and finding old finished jobs.
 CREATE INDEX jobs_created_idx ON notifyq.jobs (created_at DESC, id DESC);
+-- Dead letters: failed jobs by task, for inspection and bulk retry; small, as failures are rare.
+CREATE INDEX jobs_failed_idx ON notifyq.jobs (task, created_at DESC) WHERE status = 'failed';
 
 -- Fills what an INSERT left out: the task from payload.task (when it is a string) or the default
 -- task, and max_attempts from the task's registration or the global default. Runs only where a

@@ -24,36 +24,18 @@ SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_at
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
--- Claims up to %(limit)s due jobs of the given tasks in one statement, highest priority first.
--- SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other; the row
--- locks last only for this statement, never while the job runs.
+-- Claims up to %(limit)s due jobs of the given tasks (and queues, when given) in one statement,
+-- highest priority first. SKIP LOCKED lets concurrent workers take disjoint rows without waiting
+-- on each other; the row locks last only for this statement, never while the job runs. Tasks
+-- whose circuit breaker is open are skipped, except by a worker holding that task's probe.
 -- name: claim_jobs
 WITH picked AS (
     SELECT id
     FROM notifyq.jobs
     WHERE status = 'queued' AND run_at <= now() AND task = ANY(%(tasks)s::text[])
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE notifyq.jobs AS j
-SET status = 'processing',
-    attempt_count = j.attempt_count + 1,
-    started_at = now(),
-    finished_at = NULL,
-    worker_id = %(worker_id)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s::float8)
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-          j.created_at, j.run_at;
-
--- name: claim_jobs_in_queues
-WITH picked AS (
-    SELECT id
-    FROM notifyq.jobs
-    WHERE status = 'queued' AND run_at <= now() AND task = ANY(%(tasks)s::text[])
-      AND queue = ANY(%(queues)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(probe)s OR task NOT IN (SELECT name FROM notifyq.tasks
+                                     WHERE breaker_open_until IS NOT NULL))
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -80,43 +62,64 @@ WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)s::text[])
 
 -- Records successful attempts, one statement for a whole batch. The (worker_id, attempt_count)
 -- check in the same UPDATE discards the result of a worker that lost the job's lease meanwhile.
+-- A success closes its task's circuit breaker (the task works again).
 -- name: complete_jobs
-UPDATE notifyq.jobs AS j
-SET status = 'completed',
-    result = d.result,
-    finished_at = now(),
-    lease_expires_at = NULL
-FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
-     AS d(id, attempt, result)
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
-  AND j.attempt_count = d.attempt
-RETURNING j.id;
+WITH done AS (
+    UPDATE notifyq.jobs AS j
+    SET status = 'completed',
+        result = d.result,
+        finished_at = now(),
+        lease_expires_at = NULL
+    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
+         AS d(id, attempt, result)
+    WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+      AND j.attempt_count = d.attempt
+    RETURNING j.id, j.task
+), closed AS (
+    UPDATE notifyq.tasks AS t
+    SET consecutive_failures = 0, breaker_open_until = NULL
+    WHERE t.name IN (SELECT task FROM done)
+      AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
+)
+SELECT id FROM done;
 
 -- Records failed attempts: back to queued at now() + delay while attempts are left (and the error
--- is retryable), else failed. Fenced like complete_jobs.
+-- is retryable), else failed. Fenced like complete_jobs. Retryable failures count towards the
+-- task's circuit breaker, which opens for its cool-down once they reach its threshold.
 -- name: fail_jobs
 WITH d AS (
     SELECT *
     FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
                 %(retryable)s::boolean[], %(delays)s::float8[])
          AS d(id, attempt, error, retryable, delay)
+), failed AS (
+    UPDATE notifyq.jobs AS j
+    SET status = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
+                      THEN 'queued' ELSE 'failed' END,
+        run_at = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
+                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
+                           THEN NULL ELSE now() END,
+        worker_id = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
+                         THEN NULL ELSE j.worker_id END,
+        lease_expires_at = NULL,
+        last_error = d.error,
+        errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
+    FROM d
+    WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+      AND j.attempt_count = d.attempt
+    RETURNING j.id, j.status, j.task, d.retryable
+), counted AS (
+    UPDATE notifyq.tasks AS t
+    SET consecutive_failures = t.consecutive_failures + f.n,
+        breaker_open_until = CASE
+            WHEN t.consecutive_failures + f.n >= t.breaker_threshold
+            THEN now() + make_interval(secs => t.breaker_cooldown)
+            ELSE t.breaker_open_until END
+    FROM (SELECT task, count(*) AS n FROM failed WHERE retryable GROUP BY task) AS f
+    WHERE t.name = f.task AND t.breaker_threshold IS NOT NULL
 )
-UPDATE notifyq.jobs AS j
-SET status = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                  THEN 'queued' ELSE 'failed' END,
-    run_at = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                  THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-    finished_at = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                       THEN NULL ELSE now() END,
-    worker_id = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                     THEN NULL ELSE j.worker_id END,
-    lease_expires_at = NULL,
-    last_error = d.error,
-    errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
-FROM d
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
-  AND j.attempt_count = d.attempt
-RETURNING j.id, j.status, j.run_at;
+SELECT id, status FROM failed;
 
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the
 -- interrupted attempt, and wakes the other workers.
@@ -178,10 +181,79 @@ SELECT r.id, r.status,
 FROM rescued AS r;
 
 -- name: register_task
-INSERT INTO notifyq.tasks (name, max_attempts, options, updated_at)
-VALUES (%(name)s, %(max_attempts)s, %(options)s::jsonb, now())
+INSERT INTO notifyq.tasks (name, max_attempts, options, breaker_threshold, breaker_cooldown,
+                           updated_at)
+VALUES (%(name)s, %(max_attempts)s, %(options)s::jsonb, %(breaker_threshold)s,
+        %(breaker_cooldown)s, now())
 ON CONFLICT (name) DO UPDATE
-SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options, updated_at = now();
+SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
+    breaker_threshold = EXCLUDED.breaker_threshold,
+    breaker_cooldown = EXCLUDED.breaker_cooldown, updated_at = now();
+
+-- A half-open breaker (open, cool-down over) lets one probe through: the worker whose UPDATE
+-- wins pushes the time forward by another cool-down and may claim one job of that task.
+-- name: take_breaker_probes
+UPDATE notifyq.tasks
+SET breaker_open_until = now() + make_interval(secs => breaker_cooldown)
+WHERE name = ANY(%(tasks)s::text[]) AND breaker_open_until <= now()
+RETURNING name;
+
+-- name: list_tasks
+SELECT name, max_attempts, options, updated_at, breaker_threshold, breaker_cooldown,
+       consecutive_failures, breaker_open_until,
+       CASE WHEN breaker_open_until IS NULL THEN 'closed'
+            WHEN breaker_open_until > now() THEN 'open'
+            ELSE 'half_open' END AS breaker_state
+FROM notifyq.tasks
+ORDER BY name;
+
+-- Jobs newest first, filtered, one page after the (created_at, id) cursor.
+-- name: list_jobs
+SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+       dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+       lease_expires_at
+FROM notifyq.jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(after_created)s::timestamptz IS NULL
+       OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- A failed or cancelled job goes back to the queue with its attempts reset; its error history
+-- stays.
+-- name: retry_job
+WITH retried AS (
+    UPDATE notifyq.jobs
+    SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
+        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL
+    WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+    RETURNING id, queue
+)
+SELECT id, notifyq.wake_v1(ARRAY[queue]) FROM retried;
+
+-- Requeues up to %(limit)s failed (or cancelled) jobs matching the filters; the caller repeats
+-- until it answers 0, so that no statement locks many rows at once.
+-- name: retry_jobs
+WITH picked AS (
+    SELECT id
+    FROM notifyq.jobs
+    WHERE status = %(status)s::text
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), retried AS (
+    UPDATE notifyq.jobs AS j
+    SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
+        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.queue
+)
+SELECT count(*)::integer, coalesce(notifyq.wake_v1(array_agg(DISTINCT queue)), 0)
+FROM retried;
 
 -- name: set_setting
 INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)
