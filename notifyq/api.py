@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from notifyq import __version__
 from notifyq.db import first_line, open_pool
-from notifyq.errors import DatabaseUnavailable, InvalidJob, NotifyQError
+from notifyq.errors import DatabaseUnavailable, InvalidJob
 from notifyq.migrations import migrate
 from notifyq.models import (
     MAX_ATTEMPTS_LIMIT,
@@ -42,7 +42,7 @@ from notifyq.models import (
     JobSpec,
     JobStatus,
 )
-from notifyq.settings import Settings
+from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tasks import Registry
 from notifyq.worker import Worker
@@ -143,10 +143,13 @@ class JobIn(BaseModel):
         return self
 
     def spec(self, default_task: str) -> JobSpec:
-        """The job to store, with the task resolved as the contract says."""
-        if self._spec.task is None and not isinstance(self.payload.get("task"), str):
-            return dataclasses.replace(self._spec, task=default_task)
-        return self._spec
+        """The job to store, with the task resolved as the contract says: task, else
+        payload.task when it is a string, else the default task."""
+        if self._spec.task is not None:
+            return self._spec
+        from_payload = self.payload.get("task")
+        task = from_payload if isinstance(from_payload, str) else default_task
+        return dataclasses.replace(self._spec, task=task)
 
 
 class EnqueuedOut(BaseModel):
@@ -280,7 +283,7 @@ def create_app(
         if settings.auto_migrate:
             await migrate(settings)
         async with open_pool(settings, name="api", min_size=1, wait=False) as pool:
-            app.state.store = Store(pool)
+            app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
             if not settings.run_worker:
                 yield
                 return
@@ -302,9 +305,13 @@ def create_app(
     )
     app.state.settings = settings
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.api_token is not None:
+        # Added last, so it runs first: an unauthenticated request is refused before its
+        # body is read.
+        app.add_middleware(TokenGuard, token=settings.api_token.get_secret_value())
     _install_error_handlers(app)
 
-    guard = [Depends(_token_guard(settings))]
+    guard = [Depends(_documented_bearer)] if settings.api_token is not None else []
 
     @app.post(
         "/jobs",
@@ -384,13 +391,14 @@ def create_app(
         if job is None:
             return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
         if not retried:
-            return JSONResponse(
-                {
-                    "detail": f"job {job_id} is {job.status.value}; only failed or cancelled jobs "
-                    "can be retried"
-                },
-                status_code=409,
-            )
+            if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+                reason = (
+                    f"a newer job with the same queue and dedup_key {job.dedup_key!r} is "
+                    "queued and replaces it"
+                )
+            else:
+                reason = f"it is {job.status.value}; only failed or cancelled jobs go back"
+            return JSONResponse({"detail": f"job {job_id} not requeued: {reason}"}, status_code=409)
         return JobOut.of(job)
 
     @app.get(
@@ -451,32 +459,62 @@ def _store(request: Request) -> Store:
 # -- auth ---------------------------------------------------------------------------------
 
 
-def _token_guard(settings: Settings) -> Callable[..., Awaitable[None]]:
-    bearer = HTTPBearer(auto_error=False, description="NOTIFYQ_API_TOKEN, when it is set.")
-    expected = settings.api_token.get_secret_value().encode() if settings.api_token else None
+#: Open with a token set: liveness, and the API's own documentation (it holds no job data).
+OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
-    # The dependency goes in the default, not in Annotated[...]: with postponed annotations
-    # FastAPI could not see the local `bearer`.
-    async def check(
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> None:
-        if expected is None:
+#: Declares the bearer scheme in the OpenAPI document (so /docs can send it); TokenGuard
+#: enforces it.
+_bearer = HTTPBearer(auto_error=False, description="NOTIFYQ_API_TOKEN, when it is set.")
+
+
+async def _documented_bearer(
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+) -> None:
+    return None
+
+
+class TokenGuard:
+    """With NOTIFYQ_API_TOKEN set, answers 401 (no token) or 403 (wrong token) to every request
+    but those of OPEN_PATHS, before the app reads the body. The comparison takes constant
+    time."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
             return
-        if credentials is None:
-            raise _Unauthorized("missing Authorization: Bearer <token> header", 401)
-        if not secrets.compare_digest(credentials.credentials.encode(), expected):
-            raise _Unauthorized("wrong API token", 403)
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        scheme, _, token = (header or b"").partition(b" ")
+        if header is None or scheme.lower() != b"bearer":
+            await _reject(send, 401, "missing Authorization: Bearer <token> header")
+        elif not secrets.compare_digest(token.strip(), self.expected):
+            await _reject(send, 403, "wrong API token")
+        else:
+            await self.app(scope, receive, send)
 
-    return check
 
-
-class _Unauthorized(NotifyQError):
-    def __init__(self, detail: str, status_code: int) -> None:
-        super().__init__(detail)
-        self.status_code = status_code
+async def _reject(send: Send, status_code: int, detail: str) -> None:
+    response = JSONResponse(
+        {"detail": detail}, status_code=status_code, headers={"WWW-Authenticate": "Bearer"}
+    )
+    await send(
+        {"type": "http.response.start", "status": status_code, "headers": response.raw_headers}
+    )
+    await send({"type": "http.response.body", "body": response.body})
 
 
 # -- errors -------------------------------------------------------------------------------
+
+
+def _message(error: dict[str, Any]) -> str:
+    message = str(error.get("msg", "")).removeprefix("Value error, ")
+    reason = (error.get("ctx") or {}).get("error")
+    if error.get("type") == "json_invalid" and reason:
+        message = f"{message}: {reason}"  # say what is wrong, not only where
+    return message
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -485,7 +523,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         detail = [
             {
                 "loc": list(error.get("loc", ())),
-                "msg": str(error.get("msg", "")).removeprefix("Value error, "),
+                "msg": _message(error),
                 "type": error.get("type"),
             }
             for error in exc.errors()
@@ -495,14 +533,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(
             {"detail": f"{exc}; retry later"}, status_code=503, headers={"Retry-After": "1"}
-        )
-
-    async def unauthorized(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, _Unauthorized)
-        return JSONResponse(
-            {"detail": str(exc)},
-            status_code=exc.status_code,
-            headers={"WWW-Authenticate": "Bearer"},
         )
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -540,7 +570,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, unreadable)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(DatabaseUnavailable, unavailable)
-    app.add_exception_handler(_Unauthorized, unauthorized)
     app.add_exception_handler(InvalidJob, invalid)
     app.add_exception_handler(psycopg.Error, refused)
 

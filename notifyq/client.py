@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq.db import open_pool
 from notifyq.errors import ConfigurationError, InvalidJob, JobNotFound
 from notifyq.models import EnqueueResult, Job, JobSpec
-from notifyq.settings import Settings
+from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 
 _SPEC_KEYS = {
@@ -60,7 +60,7 @@ class Queue:
         pool_cm = open_pool(self._settings, name="client", min_size=1)
         self._pool = await pool_cm.__aenter__()
         self._close = pool_cm.__aexit__
-        self._store = Store(self._pool)
+        self._store = Store(self._pool, default_max_attempts=explicit_max_attempts(self._settings))
         return self
 
     async def __aexit__(

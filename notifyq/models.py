@@ -23,6 +23,8 @@ MAX_DEDUP_KEY_LENGTH = 512
 MAX_DELAY_SECONDS = 10 * 366 * 86_400
 MAX_ATTEMPTS_LIMIT = 1000
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+#: Deepest nesting of a payload or result (the API's JSON serialiser stops at 255).
+MAX_DEPTH = 100
 
 
 class JobStatus(str, Enum):
@@ -128,10 +130,9 @@ class JobSpec:
         if delay is not None:
             delay = check_delay(delay)
         if run_at is not None:
-            if not isinstance(run_at, datetime):
-                raise InvalidJob("run_at must be a datetime")
-            if run_at.tzinfo is None:
-                run_at = run_at.replace(tzinfo=timezone.utc)
+            run_at = check_run_at(run_at)
+        if task is None and isinstance(payload.get("task"), str):
+            check_name("payload.task", payload["task"])
         if dedup_key is not None:
             if not isinstance(dedup_key, str) or not dedup_key:
                 raise InvalidJob("dedup_key must be a non-empty string")
@@ -177,6 +178,23 @@ def check_text(what: str, value: str) -> None:
         raise InvalidJob(f"{what} contains an unpaired surrogate; send valid UTF-8") from None
 
 
+def check_run_at(run_at: object) -> datetime:
+    """``run_at`` in UTC (naive means UTC), refused unless both PostgreSQL and Python can hold
+    it comfortably."""
+    if not isinstance(run_at, datetime):
+        raise InvalidJob("run_at must be a datetime")
+    if run_at.tzinfo is None:
+        run_at = run_at.replace(tzinfo=timezone.utc)
+    try:
+        utc = run_at.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidJob("run_at must fall between the years 1900 and 9998 (UTC)") from None
+    if not 1900 <= utc.year <= 9998:
+        # Both ends keep a margin, so that any time zone's view of it stays representable.
+        raise InvalidJob("run_at must fall between the years 1900 and 9998 (UTC)")
+    return utc
+
+
 def check_delay(delay: object) -> float:
     if isinstance(delay, bool) or not isinstance(delay, (int, float)):
         raise InvalidJob("delay must be a number of seconds")
@@ -191,6 +209,9 @@ def encode_json(value: Any, *, what: str) -> str:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        # Only values with many brackets can be too deep: walk just those.
+        _check_depth(value, what)
     if "\\u0000" in text:
         # Rare: only now walk the value to tell a real NUL from a literal backslash-u0000.
         _refuse_nul(value, what)
@@ -199,6 +220,21 @@ def encode_json(value: Any, *, what: str) -> str:
     except UnicodeEncodeError:
         raise InvalidJob(f"{what} contains an unpaired surrogate; send valid UTF-8") from None
     return text
+
+
+def _check_depth(value: Any, what: str) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidJob(f"{what} nests deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _refuse_nul(value: Any, what: str) -> None:
@@ -225,5 +261,7 @@ class ClaimedJob:
     priority: int
     attempt: int
     max_attempts: int
-    created_at: datetime
-    run_at: datetime
+    #: Seconds since the epoch, as floats: a row written by hand with a date Python cannot
+    #: hold must not make the claim itself fail.
+    created_at: float
+    run_at: float

@@ -159,3 +159,8 @@ def describe_validation_error(exc: ValidationError) -> str:
             env = "NOTIFYQ_IMPORT"
         parts.append(f"{env}: {error['msg']}")
     return "invalid settings: " + "; ".join(parts)
+
+
+def explicit_max_attempts(settings: Settings) -> int | None:
+    """NOTIFYQ_MAX_ATTEMPTS when it was set, else None (the database's default applies)."""
+    return settings.max_attempts if "max_attempts" in settings.model_fields_set else None

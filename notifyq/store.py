@@ -61,9 +61,14 @@ class Rescued:
 class Store:
     """Runs notifyq's queries against ``pool``."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool, *, default_max_attempts: int | None = None
+    ) -> None:
+        """``default_max_attempts`` applies to jobs whose submission and task set none; None
+        leaves it to the database's default (``notifyq.settings``)."""
         self._pool = pool
         self._q = load_queries()
+        self._default_max_attempts = default_max_attempts
 
     async def _run(
         self,
@@ -109,7 +114,8 @@ class Store:
     async def enqueue(
         self, spec: JobSpec, *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> EnqueueResult:
-        row = await self._run("enqueue", _spec_params(spec), what="enqueue", fetch="one", conn=conn)
+        params = _spec_params(spec) | {"fallback": self._default_max_attempts}
+        row = await self._run("enqueue", params, what="enqueue", fetch="one", conn=conn)
         return EnqueueResult(row[0], JobStatus(row[2]), row[1], row[3], row[4])
 
     async def enqueue_many(
@@ -126,6 +132,7 @@ class Store:
             "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
             "dedup_keys": [s.dedup_key for s in specs],
             "max_attempts": [s.max_attempts for s in specs],
+            "fallback": self._default_max_attempts,
         }
         rows = await self._run("enqueue_many", params, what="enqueue", conn=conn)
         return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
@@ -272,14 +279,22 @@ class Store:
         batches; answers how many."""
         if status not in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise ValueError("only failed or cancelled jobs can be retried")
-        params = {"status": status.value, "queue": queue, "task": task, "limit": batch}
+        params: dict[str, Any] = {
+            "status": status.value,
+            "queue": queue,
+            "task": task,
+            "limit": batch,
+            "after": UUID(int=0),
+        }
         total = 0
         while True:
             row = await self._run("retry_jobs", params, what="retrying jobs", fetch="one")
-            count: int = row[0]
-            total += count
-            if count < batch:
+            retried: int = row[0]
+            scanned, last = row[1], row[2]
+            total += retried
+            if scanned < batch:
                 return total
+            params["after"] = last
 
     async def _ids(self, query: str, params: dict[str, Any], what: str) -> set[UUID]:
         return {row[0] for row in await self._run(query, params, what=what)}

@@ -245,10 +245,10 @@ class Worker:
                     lease=settings.lease_seconds,
                 )
                 failures = 0
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, psycopg.Error) as exc:
                 failures += 1
                 delay = min(0.2 * 2**failures, settings.poll_interval)
-                logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                logger.warning("claim failed (%s); retrying in %.1fs", first_line(exc), delay)
                 with anyio.move_on_after(delay):
                     await wake.wait()
                 continue
@@ -264,7 +264,7 @@ class Worker:
             timeout = settings.poll_interval
             try:
                 due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
-            except DatabaseUnavailable:
+            except (DatabaseUnavailable, psycopg.Error):
                 due = None
             if due is not None:
                 timeout = min(timeout, max(due, 0.0))
@@ -294,8 +294,8 @@ class Worker:
                 )
                 for job in claimed:
                     self._start(jobs, job)
-        except DatabaseUnavailable as exc:
-            logger.warning("circuit breaker probe failed: %s", exc)
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            logger.warning("circuit breaker probe failed: %s", first_line(exc))
 
     def _start(self, jobs: TaskGroup, job: ClaimedJob) -> None:
         task = self.registry.get(job.task)
@@ -527,11 +527,12 @@ class Worker:
     async def _maintain(self) -> None:
         while True:
             await anyio.sleep(self.settings.heartbeat)
-            try:
-                await self._heartbeat()
-                await self._rescue()
-            except DatabaseUnavailable as exc:
-                logger.warning("heartbeat failed: %s", exc)
+            # Each duty on its own: a failed rescue must not stop the next heartbeat.
+            for duty in (self._heartbeat, self._rescue):
+                try:
+                    await duty()
+                except (DatabaseUnavailable, psycopg.Error) as exc:
+                    logger.warning("%s failed: %s", duty.__name__.strip("_"), first_line(exc))
 
     async def _heartbeat(self) -> None:
         assert self._store is not None

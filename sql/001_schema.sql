@@ -120,6 +120,15 @@ LANGUAGE sql AS $$
     FROM (SELECT DISTINCT unnest(p_queues) AS q) AS s;
 $$;
 
+-- The queued job of (queue, dedup_key), if any. A job going back to the queue checks it first:
+-- the unique index allows one queued job per key, and the queued one is the newer submission.
+CREATE FUNCTION notifyq.queued_duplicate_v1(p_queue text, p_dedup_key text) RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT id FROM notifyq.jobs
+    WHERE p_dedup_key IS NOT NULL AND queue = p_queue AND dedup_key = p_dedup_key
+      AND status = 'queued';
+$$;
+
 -- Appends one failed attempt to a job's error history, keeping the newest 25 entries.
 CREATE FUNCTION notifyq.append_error_v1(p_errors jsonb, p_attempt integer, p_error text,
                                         p_worker text) RETURNS jsonb

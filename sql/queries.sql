@@ -1,12 +1,18 @@
 -- The queries notifyq runs, each under a `-- name:` header; notifyq/queries.py parses this file
 -- once and notifyq/store.py runs each by name. Values are always passed as parameters.
 
+-- max_attempts: the job's, else its task's registration, else %(fallback)s (the process's own
+-- NOTIFYQ_MAX_ATTEMPTS, when set), else the database's default (applied by the trigger).
 -- name: enqueue
 SELECT job_id, duplicate, status, run_at, created_at
 FROM notifyq.enqueue_v1(%(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
                         coalesce(%(run_at)s::timestamptz,
                                  now() + make_interval(secs => %(delay)s::float8)),
-                        %(dedup_key)s, %(max_attempts)s);
+                        %(dedup_key)s,
+                        coalesce(%(max_attempts)s::integer,
+                                 (SELECT max_attempts FROM notifyq.tasks
+                                  WHERE name = %(task)s::text),
+                                 %(fallback)s::integer));
 
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
@@ -14,7 +20,10 @@ FROM notifyq.enqueue_many_v1(
     %(tasks)s::text[], %(payloads)s::jsonb[], %(queues)s::text[], %(priorities)s::integer[],
     (SELECT array_agg(coalesce(r, now() + make_interval(secs => d)) ORDER BY o)
      FROM unnest(%(run_ats)s::timestamptz[], %(delays)s::float8[]) WITH ORDINALITY AS t(r, d, o)),
-    %(dedup_keys)s::text[], %(max_attempts)s::integer[])
+    %(dedup_keys)s::text[],
+    (SELECT array_agg(coalesce(u.m, t.max_attempts, %(fallback)s::integer) ORDER BY u.o)
+     FROM unnest(%(tasks)s::text[], %(max_attempts)s::integer[]) WITH ORDINALITY AS u(task, m, o)
+     LEFT JOIN notifyq.tasks AS t ON t.name = u.task))
 ORDER BY ord;
 
 -- name: get_job
@@ -50,7 +59,7 @@ SET status = 'processing',
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-          j.created_at, j.run_at;
+          extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.run_at)::float8;
 
 -- Seconds until the earliest future run_at among the worker's jobs, measured on the database's
 -- clock, so an idle worker can sleep exactly until then.
@@ -84,26 +93,30 @@ WITH done AS (
 SELECT id FROM done;
 
 -- Records failed attempts: back to queued at now() + delay while attempts are left (and the error
--- is retryable), else failed. Fenced like complete_jobs. Retryable failures count towards the
--- task's circuit breaker, which opens for its cool-down once they reach its threshold.
+-- is retryable), else failed. Fenced like complete_jobs. A job whose newer duplicate (same queue
+-- and dedup_key) is queued is not retried: that newer job replaces it. Retryable failures count
+-- towards the task's circuit breaker, which opens for its cool-down once they reach its
+-- threshold.
 -- name: fail_jobs
 WITH d AS (
-    SELECT *
+    SELECT d.*, j.attempt_count < j.max_attempts AND d.retryable AS wants_retry,
+           notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
     FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
                 %(retryable)s::boolean[], %(delays)s::float8[])
          AS d(id, attempt, error, retryable, delay)
+    JOIN notifyq.jobs AS j ON j.id = d.id
 ), failed AS (
     UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                      THEN 'queued' ELSE 'failed' END,
-        run_at = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
+    SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
+        run_at = CASE WHEN d.wants_retry AND d.newer IS NULL
                       THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                           THEN NULL ELSE now() END,
-        worker_id = CASE WHEN d.retryable AND j.attempt_count < j.max_attempts
-                         THEN NULL ELSE j.worker_id END,
+        finished_at = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE now() END,
+        worker_id = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE j.worker_id END,
         lease_expires_at = NULL,
-        last_error = d.error,
+        last_error = CASE WHEN d.wants_retry AND d.newer IS NOT NULL
+                          THEN d.error || format(E'\nnot retried: job %%s with the same dedup_key '
+                                                 'is queued and replaces it', d.newer)
+                          ELSE d.error END,
         errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
     FROM d
     WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
@@ -122,16 +135,25 @@ WITH d AS (
 SELECT id, status FROM failed;
 
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the
--- interrupted attempt, and wakes the other workers.
+-- interrupted attempt, and wakes the other workers. A job whose newer duplicate is queued is
+-- cancelled instead: that job replaces it.
 -- name: release_jobs
-WITH released AS (
+WITH d AS (
+    SELECT d.*, notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
+    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
+    JOIN notifyq.jobs AS j ON j.id = d.id
+), released AS (
     UPDATE notifyq.jobs AS j
-    SET status = 'queued',
+    SET status = CASE WHEN d.newer IS NULL THEN 'queued' ELSE 'cancelled' END,
         attempt_count = j.attempt_count - 1,
         run_at = now(),
+        finished_at = CASE WHEN d.newer IS NULL THEN NULL ELSE now() END,
         worker_id = NULL,
-        lease_expires_at = NULL
-    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
+        lease_expires_at = NULL,
+        last_error = CASE WHEN d.newer IS NULL THEN j.last_error
+                          ELSE format('interrupted by a stopping worker; not requeued: job %%s '
+                                      'with the same dedup_key is queued', d.newer) END
+    FROM d
     WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.queue
@@ -148,10 +170,11 @@ WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
 RETURNING j.id;
 
 -- Requeues (or fails, when out of attempts) jobs whose lease ran out: their worker died or hung.
--- SKIP LOCKED keeps rescuers on several workers from blocking each other.
+-- SKIP LOCKED keeps rescuers on several workers from blocking each other. A job whose newer
+-- duplicate is queued fails instead of going back: that job replaces it.
 -- name: rescue_expired
 WITH expired AS (
-    SELECT id
+    SELECT id, notifyq.queued_duplicate_v1(queue, dedup_key) AS newer
     FROM notifyq.jobs
     WHERE status = 'processing' AND lease_expires_at < now()
     ORDER BY lease_expires_at
@@ -159,21 +182,27 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), rescued AS (
     UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'queued' END,
+    SET status = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
+                      THEN 'failed' ELSE 'queued' END,
         run_at = now(),
-        finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
+        finished_at = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
+                           THEN now() END,
         lease_expires_at = NULL,
-        worker_id = CASE WHEN j.attempt_count >= j.max_attempts THEN j.worker_id END,
+        worker_id = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
+                         THEN j.worker_id END,
         last_error = format('lease expired: worker %%s stopped renewing attempt %%s of %%s%%s',
                             j.worker_id, j.attempt_count, j.max_attempts,
-                            CASE WHEN j.attempt_count >= j.max_attempts
+                            CASE WHEN e.newer IS NOT NULL
+                                 THEN format('; not retried: job %%s with the same dedup_key '
+                                             'is queued', e.newer)
+                                 WHEN j.attempt_count >= j.max_attempts
                                  THEN '; no attempts left' ELSE '' END),
         errors = notifyq.append_error_v1(
             j.errors, j.attempt_count,
             format('lease expired: worker %%s stopped renewing the lease', j.worker_id),
             j.worker_id)
-    FROM expired
-    WHERE j.id = expired.id
+    FROM expired AS e
+    WHERE j.id = e.id
     RETURNING j.id, j.queue, j.status
 )
 SELECT r.id, r.status,
@@ -222,38 +251,49 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- A failed or cancelled job goes back to the queue with its attempts reset; its error history
--- stays.
+-- stays. Not while a newer job with the same dedup_key is queued (that one replaces it).
 -- name: retry_job
 WITH retried AS (
     UPDATE notifyq.jobs
     SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
         finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL
     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+      AND notifyq.queued_duplicate_v1(queue, dedup_key) IS NULL
     RETURNING id, queue
 )
 SELECT id, notifyq.wake_v1(ARRAY[queue]) FROM retried;
 
--- Requeues up to %(limit)s failed (or cancelled) jobs matching the filters; the caller repeats
--- until it answers 0, so that no statement locks many rows at once.
+-- Requeues failed (or cancelled) jobs matching the filters, %(limit)s candidates at a time in id
+-- order after %(after)s; the caller repeats with the last candidate until fewer come back, so no
+-- statement locks many rows. Of several jobs with one dedup_key only the newest goes back, and
+-- none while a job with that key is queued.
 -- name: retry_jobs
-WITH picked AS (
-    SELECT id
+WITH candidates AS (
+    SELECT id, queue, dedup_key, created_at
     FROM notifyq.jobs
-    WHERE status = %(status)s::text
+    WHERE status = %(status)s::text AND id > %(after)s::uuid
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
+    ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT DISTINCT ON (queue, coalesce(dedup_key, id::text)) id
+    FROM candidates
+    WHERE notifyq.queued_duplicate_v1(queue, dedup_key) IS NULL
+    ORDER BY queue, coalesce(dedup_key, id::text), created_at DESC
 ), retried AS (
     UPDATE notifyq.jobs AS j
     SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
         finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL
-    FROM picked
-    WHERE j.id = picked.id
+    FROM chosen
+    WHERE j.id = chosen.id
     RETURNING j.queue
 )
-SELECT count(*)::integer, coalesce(notifyq.wake_v1(array_agg(DISTINCT queue)), 0)
-FROM retried;
+SELECT (SELECT count(*) FROM retried)::integer,
+       (SELECT count(*) FROM candidates)::integer,
+       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1),
+       (SELECT coalesce(notifyq.wake_v1(array_agg(DISTINCT queue)), 0) FROM retried);
 
 -- name: set_setting
 INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)

@@ -6,16 +6,41 @@ import os
 import time
 from typing import Any
 
+import anyio
+
 from notifyq import task
 
 
 @task
 def record(payload: dict[str, Any]) -> int:
-    """Appends payload["n"] to the file named by NQ_RUNS_FILE: one line per run, so that a test
-    can count how often each job ran, across processes."""
-    with open(os.environ["NQ_RUNS_FILE"], "a", encoding="utf-8") as runs:
-        runs.write(f"{payload['n']}\n")
+    """Appends "n pid" to the file named by NQ_RUNS_FILE: one line per run, so that a test can
+    count how often each job ran, and in which process, across processes."""
+    _append_run(payload["n"])
     return int(payload["n"])
+
+
+@task
+async def record_slowly(payload: dict[str, Any]) -> int:
+    """record, then wait payload["seconds"] (default 0.01) without blocking the loop."""
+    _append_run(payload["n"])
+    await anyio.sleep(float(payload.get("seconds", 0.01)))
+    return int(payload["n"])
+
+
+def _append_run(n: int) -> None:
+    # One small write per run: O_APPEND makes it atomic across processes and threads.
+    line = f"{n} {os.getpid()}\n".encode()
+    fd = os.open(os.environ["NQ_RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """The (n, pid) pairs that record and record_slowly appended."""
+    with open(path, encoding="utf-8") as runs:
+        return [(int(n), int(pid)) for n, pid in (line.split() for line in runs if line.strip())]
 
 
 @task("nap", max_attempts=5)

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from tests.helpers import notifyq_env, processes, wait_for_status
+from tests.sample_tasks import read_runs
 
 
 def sync_status(db_url: str, job_id: Any) -> str | None:
@@ -76,7 +77,7 @@ def test_three_worker_processes_run_1500_jobs_each_exactly_once(
         for worker in workers:
             worker.signal(signal.SIGTERM)
         assert [worker.wait() for worker in workers] == [0, 0, 0]
-    counts = Counter(int(line) for line in runs.read_text().split())
+    counts = Counter(n for n, _ in read_runs(runs))
     assert sorted(counts) == list(range(1, 1501))
     assert set(counts.values()) == {1}, "some job ran twice"
     assert len(per_worker) >= 2, per_worker
@@ -146,4 +147,4 @@ async def test_import_registers_the_modules_tasks(db_url: str, tmp_path: Path, c
     cursor = await conn.execute("SELECT name, max_attempts FROM notifyq.tasks ORDER BY name")
     tasks = dict(await cursor.fetchall())
     assert tasks["nap"] == 5 and "record" in tasks and "echo" in tasks
-    assert runs.read_text().split() == ["42"]
+    assert [n for n, _ in read_runs(runs)] == [42]
