@@ -217,6 +217,33 @@ class Store:
         rows = await self._run("rescue_expired", {"limit": limit}, what="rescuing jobs")
         return [Rescued(row[0], JobStatus(row[1])) for row in rows]
 
+    async def mark_waiting(self, worker_id: str, queues: Sequence[str] | None, ttl: float) -> bool:
+        """Registers a worker as waiting; True when the registration waited for in-flight
+        inserts (so a claim right after it sees them all)."""
+        params = {
+            "worker_id": worker_id,
+            "queues": None if queues is None else list(queues),
+            "ttl": ttl,
+        }
+        row = await self._run("mark_waiting", params, what="marking the worker idle", fetch="one")
+        return bool(row[0])
+
+    async def unmark_waiting(self, worker_id: str) -> None:
+        await self._run(
+            "unmark_waiting", {"worker_id": worker_id}, what="marking the worker busy", fetch="none"
+        )
+
+    async def refresh_waiting(self, worker_id: str, ttl: float) -> None:
+        await self._run(
+            "refresh_waiting",
+            {"worker_id": worker_id, "ttl": ttl},
+            what="refreshing the idle mark",
+            fetch="none",
+        )
+
+    async def prune_waiting(self) -> None:
+        await self._run("prune_waiting", None, what="pruning idle marks", fetch="none")
+
     async def register_task(self, task: Task, breaker: CircuitBreaker | None) -> None:
         params = {
             "name": task.name,

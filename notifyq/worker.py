@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 MAX_CLAIM_BATCH = 500
 #: Seconds between looks for half-open circuit breakers (only with breakers configured).
 BREAKER_TICK = 1.0
+#: While registered as waiting without the lock (an insert's transaction stayed open), claim again
+#: this often until a registration gets it.
+UNSURE_RECHECK = 0.25
 #: How long the final writes of a stopping worker may take.
 FINAL_WRITE_TIMEOUT = 10.0
 MAX_ERROR_LENGTH = 4000
@@ -116,6 +119,8 @@ class Worker:
         self._backoff = Backoff(settings.retry_base, settings.retry_factor, settings.retry_cap)
         self._free = settings.concurrency
         self._starved = False
+        self._waiting = False
+        self._waiting_sure = False
         self._running: dict[UUID, _Running] = {}
         self._held: dict[UUID, int] = {}
         self._outbox = _Outbox()
@@ -165,7 +170,7 @@ class Worker:
             self.listener = Listener(
                 settings.listen_url or url,
                 on_wake=self._on_notification,
-                on_connect=self._wake,
+                on_connect=self._on_connect,
                 connect_kwargs=connect_kwargs(settings, "notifyq-listener"),
                 probe_interval=min(settings.poll_interval, 5.0),
             )
@@ -229,6 +234,8 @@ class Worker:
             wake = self._wake_event
             if self._free == 0:
                 self._starved = True
+                if self._waiting:
+                    await self._mark_busy()  # a busy worker claims as slots free: no wake-ups
                 await wake.wait()
                 continue
             if self._guarded and time.monotonic() >= self._next_probe:
@@ -261,17 +268,55 @@ class Worker:
                 self.stats.empty_claims += 1
                 if self._burst and not self._running:
                     return
-            timeout = settings.poll_interval
-            try:
-                due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
-            except (DatabaseUnavailable, psycopg.Error):
-                due = None
-            if due is not None:
-                timeout = min(timeout, max(due, 0.0))
-            if self._guarded:
-                timeout = min(timeout, max(self._next_probe - time.monotonic(), 0.0))
-            with anyio.move_on_after(timeout):
-                await wake.wait()
+            if not self._waiting_sure and await self._mark_waiting():
+                # Registered under the lock that waits for in-flight inserts: claim once more,
+                # as those inserts did not notify.
+                continue
+            await self._sleep(wake)
+
+    async def _sleep(self, wake: anyio.Event) -> None:
+        """Waits for a notification, the fallback poll, the next known run_at, or stop."""
+        assert self._store is not None
+        timeout = self.settings.poll_interval
+        try:
+            due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
+        except (DatabaseUnavailable, psycopg.Error):
+            due = None
+        if due is not None:
+            timeout = min(timeout, max(due, 0.0))
+        if self._guarded:
+            timeout = min(timeout, max(self._next_probe - time.monotonic(), 0.0))
+        if self._waiting and not self._waiting_sure:
+            timeout = min(timeout, UNSURE_RECHECK)
+        with anyio.move_on_after(timeout):
+            await wake.wait()
+
+    async def _mark_waiting(self) -> bool:
+        """Registers this worker as waiting, so that inserts notify; answers whether the
+        registration waited for in-flight inserts (see notifyq.mark_waiting_v1)."""
+        assert self._store is not None
+        try:
+            sure = await self._store.mark_waiting(
+                self.id, self._queues, self.settings.lease_seconds
+            )
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            logger.warning("could not mark the worker idle (%s); polling", first_line(exc))
+            return False
+        self._waiting, self._waiting_sure = True, sure
+        return sure
+
+    async def _mark_busy(self) -> None:
+        assert self._store is not None
+        self._waiting = self._waiting_sure = False
+        try:
+            await self._store.unmark_waiting(self.id)
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            logger.debug("could not unmark the worker (%s); its mark expires", first_line(exc))
+
+    def _on_connect(self) -> None:
+        # A reconnect may follow a server restart, which empties the (unlogged) waiting table.
+        self._waiting = self._waiting_sure = False
+        self._wake()
 
     async def _probe_breakers(self, jobs: TaskGroup) -> None:
         """Once a second: for each task whose breaker is half-open, try to win its probe and
@@ -486,6 +531,8 @@ class Worker:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
         if self._store is None:
             return
+        if self._waiting:
+            await self._mark_busy()
         box = self._outbox
         pending = {s.job_id for s in box.done} | {f.job_id for f in box.failed}
         pending |= {h.job_id for h in box.released}
@@ -555,6 +602,9 @@ class Worker:
 
     async def _rescue(self) -> None:
         assert self._store is not None
+        if self._waiting:
+            await self._store.refresh_waiting(self.id, self.settings.lease_seconds)
+        await self._store.prune_waiting()
         rescued = await self._store.rescue_expired()
         if rescued:
             self.stats.rescued += len(rescued)

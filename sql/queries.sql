@@ -295,6 +295,22 @@ SELECT (SELECT count(*) FROM retried)::integer,
        (SELECT id FROM candidates ORDER BY id DESC LIMIT 1),
        (SELECT coalesce(notifyq.wake_v1(array_agg(DISTINCT queue)), 0) FROM retried);
 
+-- Registers the worker as waiting for work (see notifyq.waiting_workers); answers whether it
+-- got the advisory lock that makes the claim after it see every earlier insert.
+-- name: mark_waiting
+SELECT notifyq.mark_waiting_v1(%(worker_id)s, %(queues)s::text[], %(ttl)s::float8);
+
+-- name: unmark_waiting
+DELETE FROM notifyq.waiting_workers WHERE worker_id = %(worker_id)s;
+
+-- name: refresh_waiting
+UPDATE notifyq.waiting_workers
+SET expires_at = now() + make_interval(secs => %(ttl)s::float8)
+WHERE worker_id = %(worker_id)s;
+
+-- name: prune_waiting
+DELETE FROM notifyq.waiting_workers WHERE expires_at < now();
+
 -- name: set_setting
 INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

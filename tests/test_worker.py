@@ -63,34 +63,6 @@ async def test_task_comes_from_the_payload_or_the_default(settings: Settings, co
         assert (await wait_for_status(conn, numeric, "completed"))["task"] == "echo"
 
 
-async def test_bulk_insert_notifies_once_per_queue(db_url: str, conn: Any) -> None:
-    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
-        await listener.execute("LISTEN notifyq")
-        await conn.execute(
-            """INSERT INTO notifyq.jobs (task, queue, payload)
-               SELECT 'echo', CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END,
-                      jsonb_build_object('i', i)
-               FROM generate_series(1, 1000) AS i"""
-        )
-        received = [n.payload async for n in listener.notifies(timeout=0.5, stop_after=10)]
-    assert sorted(received) == ["even", "odd"]
-
-
-async def test_a_transaction_notifies_at_commit_only(db_url: str) -> None:
-    async with (
-        await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener,
-        await psycopg.AsyncConnection.connect(db_url) as writer,
-    ):
-        await listener.execute("LISTEN notifyq")
-        for _ in range(3):
-            await writer.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
-        before = [n async for n in listener.notifies(timeout=0.2)]
-        await writer.commit()
-        after = [n.payload async for n in listener.notifies(timeout=1, stop_after=1)]
-    assert before == []
-    assert after == ["default"]
-
-
 async def test_higher_priority_runs_first(settings: Settings, conn: Any) -> None:
     order: list[int] = []
 
