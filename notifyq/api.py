@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from notifyq import __version__
 from notifyq.db import first_line, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob
-from notifyq.migrations import migrate
+from notifyq.migrations import latest_version, migrate
 from notifyq.models import (
     MAX_ATTEMPTS_LIMIT,
     MAX_DEDUP_KEY_LENGTH,
@@ -41,6 +41,7 @@ from notifyq.models import (
     Job,
     JobSpec,
     JobStatus,
+    check_name,
 )
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
@@ -50,6 +51,7 @@ from notifyq.worker import Worker
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 2.0
+MAX_BATCH = 10_000
 
 # -- request and response models --------------------------------------------------------------
 
@@ -187,6 +189,9 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     worker_id: str | None = Field(description="The worker holding or last holding the job.")
     lease_expires_at: datetime | None
+    cancel_requested_at: datetime | None = Field(
+        description="When a cancel was requested while the job ran."
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -209,7 +214,48 @@ class JobOut(BaseModel):
             finished_at=job.finished_at,
             worker_id=job.worker_id,
             lease_expires_at=job.lease_expires_at,
+            cancel_requested_at=job.cancel_requested_at,
         )
+
+
+class BatchIn(BaseModel):
+    """Many jobs, enqueued in one round trip to the database."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn] = Field(min_length=1, max_length=MAX_BATCH, description="POST /jobs bodies.")
+
+
+class BatchOut(BaseModel):
+    """One result per job, in the order given."""
+
+    results: list[EnqueuedOut]
+
+
+class QueueOut(BaseModel):
+    """A queue's counts and switches."""
+
+    queue: str
+    queued: int = Field(description="Waiting, due or not.")
+    due: int = Field(description="Queued and due now.")
+    processing: int
+    completed: int
+    completed_estimated: bool = Field(description="Counted from a sample on a large table.")
+    failed: int
+    cancelled: int
+    oldest_due_seconds: float | None = Field(description="How long the oldest due job waits.")
+    completed_last_minute: int
+    failed_last_minute: int
+    paused: bool
+    notify: bool = Field(description="Whether inserts wake workers (else they poll).")
+    rate_limit: float | None = Field(description="Jobs per second across all workers.")
+
+
+class ReadyOut(BaseModel):
+    status: str = Field(description="ready or not_ready")
+    database: str
+    migrations: str
+    listener: str
 
 
 class JobPage(BaseModel):
@@ -401,6 +447,131 @@ def create_app(
             return JSONResponse({"detail": f"job {job_id} not requeued: {reason}"}, status_code=409)
         return JobOut.of(job)
 
+    @app.post(
+        "/jobs/batch",
+        response_model=BatchOut,
+        dependencies=guard,
+        responses={422: {"model": ErrorOut, "description": "A job is malformed; none is stored."}},
+        summary="Enqueue many jobs in one round trip",
+    )
+    async def post_batch(batch: BatchIn, request: Request) -> BatchOut:
+        specs = [job.spec(settings.default_task) for job in batch.jobs]
+        results = await _store(request).enqueue_many(specs)
+        return BatchOut(
+            results=[
+                EnqueuedOut(
+                    job_id=r.job_id,
+                    status=r.status,
+                    duplicate=r.duplicate,
+                    run_at=r.run_at,
+                    created_at=r.created_at,
+                )
+                for r in results
+            ]
+        )
+
+    @app.post(
+        "/jobs/{job_id}/cancel",
+        response_model=JobOut,
+        dependencies=guard,
+        responses={
+            202: {"model": JobOut, "description": "Running: its worker was asked to stop it."},
+            404: {"model": ErrorOut, "description": "No job has this id."},
+            409: {"model": ErrorOut, "description": "The job already finished."},
+        },
+        summary="Cancel a queued job, or stop a running one",
+    )
+    async def cancel_job(job_id: UUID, request: Request) -> JSONResponse:
+        store = _store(request)
+        was = await store.cancel_job(job_id)
+        job = await store.get_job(job_id)
+        if was is None or job is None:
+            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+        if was.finished:
+            return JSONResponse(
+                {"detail": f"job {job_id} already {was.value}; nothing to cancel"},
+                status_code=409,
+            )
+        code = 202 if job.status is JobStatus.PROCESSING else 200
+        return JSONResponse(JobOut.of(job).model_dump(mode="json"), status_code=code)
+
+    @app.delete(
+        "/jobs/{job_id}",
+        status_code=204,
+        dependencies=guard,
+        responses={
+            404: {"model": ErrorOut, "description": "No job has this id."},
+            409: {"model": ErrorOut, "description": "The job has not finished."},
+        },
+        summary="Delete a finished job",
+    )
+    async def delete_job(job_id: UUID, request: Request) -> Response:
+        store = _store(request)
+        if await store.delete_job(job_id):
+            return Response(status_code=204)
+        job = await store.get_job(job_id)
+        if job is None:
+            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+        return JSONResponse(
+            {"detail": f"job {job_id} is {job.status.value}; cancel it first"}, status_code=409
+        )
+
+    @app.get(
+        "/queues",
+        response_model=list[QueueOut],
+        dependencies=guard,
+        summary="Queues with their counts by status and last minute's throughput",
+    )
+    async def list_queues(request: Request) -> list[QueueOut]:
+        return [QueueOut(**row) for row in await _store(request).queue_stats()]
+
+    @app.post(
+        "/queues/{queue}/pause",
+        response_model=QueueOut,
+        dependencies=guard,
+        summary="Stop workers from claiming this queue's jobs",
+    )
+    async def pause_queue(queue: str, request: Request) -> QueueOut:
+        return await _set_paused(request, queue, True)
+
+    @app.post(
+        "/queues/{queue}/resume",
+        response_model=QueueOut,
+        dependencies=guard,
+        summary="Let workers claim this queue's jobs again",
+    )
+    async def resume_queue(queue: str, request: Request) -> QueueOut:
+        return await _set_paused(request, queue, False)
+
+    @app.get(
+        "/ready",
+        response_model=ReadyOut,
+        dependencies=guard,
+        responses={503: {"model": ReadyOut, "description": "Not ready; the fields say why."}},
+        summary="Readiness: database, migrations, listener",
+    )
+    async def ready(request: Request) -> JSONResponse:
+        body = {"status": "ready", "database": "ok", "migrations": "current", "listener": "ok"}
+        try:
+            with anyio.fail_after(HEALTH_TIMEOUT):
+                version = await _store(request).schema_version()
+        except (DatabaseUnavailable, TimeoutError, psycopg.Error) as exc:
+            body.update(database=str(exc) or "timed out", migrations="unknown")
+        else:
+            latest = latest_version()
+            if version != latest:
+                body["migrations"] = f"at version {version}, this notifyq needs {latest}"
+        worker: Worker | None = getattr(request.app.state, "worker", None)
+        if worker is None:
+            body["listener"] = "no worker in this process"
+        elif worker.listener is None or not worker.listener.connected:
+            body["listener"] = "disconnected"
+        failing = body["database"] != "ok" or body["migrations"] != "current"
+        if failing or body["listener"] == "disconnected":
+            body["status"] = "not_ready"
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
     @app.get(
         "/tasks",
         response_model=list[TaskOut],
@@ -449,6 +620,19 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
         return datetime.fromisoformat(created), UUID(job_id)
     except (ValueError, UnicodeDecodeError):
         raise InvalidJob("cursor is not one that GET /jobs gave out") from None
+
+
+async def _set_paused(request: Request, queue: str, paused: bool) -> QueueOut:
+    try:
+        check_name("queue", queue)
+    except InvalidJob as exc:
+        raise RequestValidationError(
+            [{"loc": ("path", "queue"), "msg": str(exc), "type": "value_error"}]
+        ) from None
+    store = _store(request)
+    await store.set_queue_paused(queue, paused)
+    rows = {row["queue"]: row for row in await store.queue_stats()}
+    return QueueOut(**rows[queue])
 
 
 def _store(request: Request) -> Store:

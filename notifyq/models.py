@@ -63,6 +63,7 @@ class Job:
     finished_at: datetime | None
     worker_id: str | None
     lease_expires_at: datetime | None
+    cancel_requested_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

@@ -1,8 +1,9 @@
 """The listener: one dedicated LISTEN connection per process, kept alive and reconnected.
 
-NOTIFY is only a hint. The listener never reads jobs; it calls ``on_wake(queue)`` for every
-notification and ``on_connect()`` after every (re)connect, because notifications sent while it
-was away are gone and the worker must look at the table once. It probes the connection when
+NOTIFY is only a hint. The listener never reads jobs; it calls the handler of each channel with
+the notification's payload (``notifyq``: a queue has new work; ``notifyq_cancel``: a job id to
+stop) and ``on_connect()`` after every (re)connect, because notifications sent while it was away
+are gone and the worker must look at the table once. It probes the connection when
 nothing arrived for a while, so a dead TCP connection cannot pass for a quiet one.
 """
 
@@ -16,30 +17,34 @@ from typing import Any
 import anyio
 import psycopg
 from anyio.abc import TaskStatus
+from psycopg import sql
 
 from notifyq.db import first_line, is_connection_error, redact
 from notifyq.errors import ConfigurationError, DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
 
+#: New work in the queue named by the payload.
 CHANNEL = "notifyq"
+#: Stop the running job whose id is the payload.
+CANCEL_CHANNEL = "notifyq_cancel"
 
 
 class Listener:
-    """Holds ``LISTEN notifyq`` on its own autocommit connection."""
+    """Holds LISTEN on its own autocommit connection for the channels of ``handlers``."""
 
     def __init__(
         self,
         url: str,
         *,
-        on_wake: Callable[[str], None],
+        handlers: dict[str, Callable[[str], None]],
         on_connect: Callable[[], None],
         connect_kwargs: dict[str, Any],
         probe_interval: float = 5.0,
         max_backoff: float = 5.0,
     ) -> None:
         self._url = url
-        self._on_wake = on_wake
+        self._handlers = handlers
         self._on_connect = on_connect
         self._kwargs = {**connect_kwargs, "autocommit": True}
         # The listener must not inherit the pool's statement timeout: it only waits.
@@ -91,10 +96,11 @@ class Listener:
                 self.connected = False
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute(f"LISTEN {CHANNEL}")
-        cursor = await conn.execute("SELECT %s IN (SELECT pg_listening_channels())", [CHANNEL])
+        for channel in self._handlers:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        cursor = await conn.execute("SELECT array_agg(c) FROM pg_listening_channels() AS c")
         row = await cursor.fetchone()
-        if not row or not row[0]:
+        if not row or not set(self._handlers) <= set(row[0] or ()):
             # Transaction-mode poolers accept LISTEN and silently forget it.
             raise ConfigurationError(
                 "LISTEN did not take effect on this connection: it goes through a "
@@ -109,7 +115,9 @@ class Listener:
             async for notify in conn.notifies(timeout=self._probe_interval):
                 self.notifications += 1
                 self.last_seen = time.monotonic()
-                self._on_wake(notify.payload)
+                handler = self._handlers.get(notify.channel)
+                if handler is not None:
+                    handler(notify.payload)
             # Quiet for a probe interval: make sure the connection is still alive. A dead peer
             # makes this fail (keepalives bound the wait) instead of waiting forever.
             with anyio.fail_after(self._probe_interval + 5):

@@ -208,10 +208,58 @@ class Store:
         """Puts interrupted jobs back in the queue, attempt not counted."""
         return await self._ids("release_jobs", _held_params(worker_id, held), "releasing jobs")
 
-    async def extend_leases(self, worker_id: str, held: Iterable[Held], lease: float) -> set[UUID]:
-        """Renews leases; answers the ids still held by this worker."""
+    async def extend_leases(
+        self, worker_id: str, held: Iterable[Held], lease: float
+    ) -> dict[UUID, bool]:
+        """Renews leases; answers the ids still held by this worker, each with whether a cancel
+        was requested."""
         params = _held_params(worker_id, held) | {"lease": lease}
-        return await self._ids("extend_leases", params, "renewing leases")
+        rows = await self._run("extend_leases", params, what="renewing leases")
+        return {row[0]: row[1] for row in rows}
+
+    async def cancel_running(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
+        """Records attempts stopped by a cancel request."""
+        return await self._ids(
+            "cancel_running", _held_params(worker_id, held), "recording cancellations"
+        )
+
+    async def cancel_job(self, job_id: UUID) -> JobStatus | None:
+        """Cancels a queued job, or asks the worker of a running one to stop it; answers the
+        status the job had (None: no such job)."""
+        row = await self._run("cancel_job", {"id": job_id}, what="cancelling a job", fetch="one")
+        return JobStatus(row[0]) if row else None
+
+    async def delete_job(self, job_id: UUID) -> bool:
+        """Deletes a finished job; False when it is not finished or unknown."""
+        row = await self._run("delete_job", {"id": job_id}, what="deleting a job", fetch="one")
+        return row is not None
+
+    async def queue_stats(
+        self, *, exact_below: int = 200_000, sample_percent: float = 2.0
+    ) -> list[dict[str, Any]]:
+        """Counts by status per queue (completed ones estimated on a large table), the oldest
+        due job's wait, last minute's throughput, and the queue's switches."""
+        rows: list[dict[str, Any]] = await self._run(
+            "queue_stats",
+            {"exact_below": exact_below, "sample_percent": sample_percent},
+            what="counting jobs",
+            as_dicts=True,
+        )
+        return rows
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        await self._run(
+            "set_queue_paused",
+            {"queue": queue, "paused": paused},
+            what="pausing a queue" if paused else "resuming a queue",
+            fetch="one",
+        )
+
+    async def schema_version(self) -> int | None:
+        row = await self._run(
+            "schema_version", None, what="reading the schema version", fetch="one"
+        )
+        return row[0] if row else None
 
     async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
         rows = await self._run("rescue_expired", {"limit": limit}, what="rescuing jobs")

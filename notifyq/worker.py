@@ -33,7 +33,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
 from notifyq.models import ClaimedJob, JobStatus, encode_json
-from notifyq.notifier import Listener
+from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, Listener
 from notifyq.settings import Settings
 from notifyq.store import Failure, Held, Store, Success
 from notifyq.tasks import Backoff, CircuitBreaker, Registry, Task, worker_registry
@@ -68,6 +68,7 @@ class WorkerStats:
     released: int = 0
     lost: int = 0
     rescued: int = 0
+    cancelled: int = 0
     claims: int = 0
     empty_claims: int = 0
 
@@ -90,9 +91,10 @@ class _Outbox:
     done: list[Success] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
     released: list[Held] = field(default_factory=list)
+    cancelled: list[Held] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.done or self.failed or self.released)
+        return bool(self.done or self.failed or self.released or self.cancelled)
 
 
 class Worker:
@@ -169,7 +171,7 @@ class Worker:
             await self._register_tasks()
             self.listener = Listener(
                 settings.listen_url or url,
-                on_wake=self._on_notification,
+                handlers={CHANNEL: self._on_notification, CANCEL_CHANNEL: self._on_cancel},
                 on_connect=self._on_connect,
                 connect_kwargs=connect_kwargs(settings, "notifyq-listener"),
                 probe_interval=min(settings.poll_interval, 5.0),
@@ -217,6 +219,12 @@ class Worker:
     def _on_notification(self, queue: str) -> None:
         if self._queues is None or queue in self._queues:
             self._wake()
+
+    def _on_cancel(self, job_id: str) -> None:
+        for running in self._running.values():
+            if str(running.job.id) == job_id:
+                logger.info("job %s: cancel requested; stopping its handler", job_id)
+                running.cancel("cancel")
 
     def _wake(self) -> None:
         event = self._wake_event
@@ -366,6 +374,9 @@ class Worker:
             if scope.cancelled_caught and running.cancel_reason == "shutdown":
                 self._outbox.released.append(Held(job.id, job.attempt))
                 self._signal_outbox()
+            elif scope.cancelled_caught and running.cancel_reason == "cancel":
+                self._outbox.cancelled.append(Held(job.id, job.attempt))
+                self._signal_outbox()
         finally:
             del self._running[job.id]
             self._free += 1
@@ -481,6 +492,12 @@ class Worker:
             self.stats.failed += len(rows) - retried
             if retried:
                 self._wake()  # the retry's run_at may be sooner than the current sleep
+        if box.cancelled:
+            batch_c = list(box.cancelled)
+            stopped = await self._write_batch(self._store.cancel_running, batch_c, set())
+            del box.cancelled[: len(batch_c)]
+            self._forget(batch_c, stopped)
+            self.stats.cancelled += len(stopped)
         if box.released:
             batch_r = list(box.released)
             released = await self._write_batch(self._store.release, batch_r, set())
@@ -535,7 +552,7 @@ class Worker:
             await self._mark_busy()
         box = self._outbox
         pending = {s.job_id for s in box.done} | {f.job_id for f in box.failed}
-        pending |= {h.job_id for h in box.released}
+        pending |= {h.job_id for h in (*box.released, *box.cancelled)}
         for job_id, attempt in self._held.items():
             if job_id not in pending:
                 self._outbox.released.append(Held(job_id, attempt))
@@ -587,6 +604,10 @@ class Worker:
             return
         snapshot = [Held(job_id, attempt) for job_id, attempt in self._held.items()]
         still = await self._store.extend_leases(self.id, snapshot, self.settings.lease_seconds)
+        for job_id, cancel_requested in still.items():
+            running = self._running.get(job_id)
+            if cancel_requested and running is not None:
+                running.cancel("cancel")
         for held in snapshot:
             if held.job_id in still or self._held.get(held.job_id) != held.attempt:
                 continue

@@ -113,8 +113,10 @@ CREATE UNIQUE INDEX jobs_dedup_idx ON notifyq.jobs (queue, dedup_key)
     WHERE status = 'queued' AND dedup_key IS NOT NULL;
 -- Listing jobs newest first, and finding old finished jobs.
 CREATE INDEX jobs_created_idx ON notifyq.jobs (created_at DESC, id DESC);
--- Dead letters: failed jobs by task, for inspection and bulk retry; small, as failures are rare.
-CREATE INDEX jobs_failed_idx ON notifyq.jobs (task, created_at DESC) WHERE status = 'failed';
+-- Dead letters: failed and cancelled jobs by task, for inspection, counts and bulk retry; small,
+-- as failures are rare (and retention may keep them for good).
+CREATE INDEX jobs_dead_idx ON notifyq.jobs (status, task, created_at DESC)
+    WHERE status IN ('failed', 'cancelled');
 -- Finished jobs by age: retention deletes the oldest in small batches, and the last minute's
 -- throughput is counted from the newest.
 CREATE INDEX jobs_finished_idx ON notifyq.jobs (finished_at)

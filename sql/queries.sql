@@ -29,7 +29,7 @@ ORDER BY ord;
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at
+       lease_expires_at, cancel_requested_at
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
@@ -45,6 +45,7 @@ WITH picked AS (
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (%(probe)s OR task NOT IN (SELECT name FROM notifyq.tasks
                                      WHERE breaker_open_until IS NOT NULL))
+      AND queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -99,7 +100,9 @@ SELECT id FROM done;
 -- threshold.
 -- name: fail_jobs
 WITH d AS (
-    SELECT d.*, j.attempt_count < j.max_attempts AND d.retryable AS wants_retry,
+    SELECT d.*,
+           j.attempt_count < j.max_attempts AND d.retryable AND j.cancel_requested_at IS NULL
+               AS wants_retry,
            notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
     FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
                 %(retryable)s::boolean[], %(delays)s::float8[])
@@ -144,15 +147,20 @@ WITH d AS (
     JOIN notifyq.jobs AS j ON j.id = d.id
 ), released AS (
     UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN d.newer IS NULL THEN 'queued' ELSE 'cancelled' END,
+    SET status = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
+                      THEN 'queued' ELSE 'cancelled' END,
         attempt_count = j.attempt_count - 1,
         run_at = now(),
-        finished_at = CASE WHEN d.newer IS NULL THEN NULL ELSE now() END,
+        finished_at = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
+                           THEN NULL ELSE now() END,
         worker_id = NULL,
         lease_expires_at = NULL,
-        last_error = CASE WHEN d.newer IS NULL THEN j.last_error
-                          ELSE format('interrupted by a stopping worker; not requeued: job %%s '
-                                      'with the same dedup_key is queued', d.newer) END
+        last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
+                          THEN 'cancelled while running (its worker was stopping)'
+                          WHEN d.newer IS NOT NULL
+                          THEN format('interrupted by a stopping worker; not requeued: job %%s '
+                                      'with the same dedup_key is queued', d.newer)
+                          ELSE j.last_error END
     FROM d
     WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
@@ -160,10 +168,23 @@ WITH d AS (
 )
 SELECT r.id, notifyq.wake_v1(ARRAY[r.queue]) FROM released AS r;
 
--- Renews the leases of the jobs a worker holds; the ids it answers are the ones still held.
+-- Renews the leases of the jobs a worker holds; the ids it answers are the ones still held, with
+-- whether a cancel was requested (the heartbeat catches a request whose notification was lost).
 -- name: extend_leases
 UPDATE notifyq.jobs AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease)s::float8)
+FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
+WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+  AND j.attempt_count = d.attempt
+RETURNING j.id, j.cancel_requested_at IS NOT NULL;
+
+-- Records attempts stopped by a cancel request. Fenced like complete_jobs.
+-- name: cancel_running
+UPDATE notifyq.jobs AS j
+SET status = 'cancelled',
+    finished_at = now(),
+    lease_expires_at = NULL,
+    last_error = format('cancelled while running attempt %%s', j.attempt_count)
 FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
 WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
   AND j.attempt_count = d.attempt
@@ -182,13 +203,16 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), rescued AS (
     UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
                       THEN 'failed' ELSE 'queued' END,
         run_at = now(),
         finished_at = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
+                                OR j.cancel_requested_at IS NOT NULL
                            THEN now() END,
         lease_expires_at = NULL,
         worker_id = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
+                              OR j.cancel_requested_at IS NOT NULL
                          THEN j.worker_id END,
         last_error = format('lease expired: worker %%s stopped renewing attempt %%s of %%s%%s',
                             j.worker_id, j.attempt_count, j.max_attempts,
@@ -240,7 +264,7 @@ ORDER BY name;
 -- name: list_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at
+       lease_expires_at, cancel_requested_at
 FROM notifyq.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -256,7 +280,8 @@ LIMIT %(limit)s;
 WITH retried AS (
     UPDATE notifyq.jobs
     SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
-        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL
+        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
+        cancel_requested_at = NULL
     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
       AND notifyq.queued_duplicate_v1(queue, dedup_key) IS NULL
     RETURNING id, queue
@@ -285,7 +310,8 @@ WITH candidates AS (
 ), retried AS (
     UPDATE notifyq.jobs AS j
     SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
-        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL
+        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
+        cancel_requested_at = NULL
     FROM chosen
     WHERE j.id = chosen.id
     RETURNING j.queue
@@ -310,6 +336,111 @@ WHERE worker_id = %(worker_id)s;
 
 -- name: prune_waiting
 DELETE FROM notifyq.waiting_workers WHERE expires_at < now();
+
+-- Cancels a job: a queued one at once; a running one is marked, and its worker is told on the
+-- notifyq_cancel channel (and by its next heartbeat) to stop the handler. Answers the status the
+-- job had, or nothing for an unknown id.
+-- name: cancel_job
+WITH target AS (
+    SELECT id, status FROM notifyq.jobs WHERE id = %(id)s FOR UPDATE
+), changed AS (
+    UPDATE notifyq.jobs AS j
+    SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE j.status END,
+        finished_at = CASE WHEN t.status = 'queued' THEN now() ELSE j.finished_at END,
+        last_error = CASE WHEN t.status = 'queued' THEN 'cancelled before it ran'
+                          ELSE j.last_error END,
+        cancel_requested_at = now()
+    FROM target AS t
+    WHERE j.id = t.id AND t.status IN ('queued', 'processing')
+      AND j.cancel_requested_at IS NULL
+    RETURNING j.id
+), told AS (
+    SELECT pg_notify('notifyq_cancel', t.id::text) FROM target AS t
+    WHERE t.status = 'processing'
+)
+SELECT t.status, (SELECT count(*) FROM changed)::integer, (SELECT count(*) FROM told)::integer
+FROM target AS t;
+
+-- Deletes a finished job; answers its id, or nothing when it is not finished (or unknown).
+-- name: delete_job
+DELETE FROM notifyq.jobs
+WHERE id = %(id)s AND status IN ('completed', 'failed', 'cancelled')
+RETURNING id;
+
+-- Counts per queue. Queued, processing, failed and cancelled rows are few by construction and
+-- counted exactly through their partial indexes; completed rows can be millions, so above
+-- %(exact_below)s rows in the table they are estimated from a block sample.
+-- name: queue_stats
+WITH estimate AS (
+    SELECT greatest(reltuples, 0)::bigint AS rows
+    FROM pg_class WHERE oid = 'notifyq.jobs'::regclass
+), live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'queued') AS queued,
+           count(*) FILTER (WHERE status = 'queued' AND run_at <= now()) AS due,
+           count(*) FILTER (WHERE status = 'processing') AS processing,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+           extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'queued'
+                                                           AND run_at <= now()))::float8
+               AS oldest_due_seconds
+    FROM notifyq.jobs
+    WHERE status IN ('queued', 'processing', 'failed', 'cancelled')
+    GROUP BY queue
+), recent AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'completed') AS completed_last_minute,
+           count(*) FILTER (WHERE status = 'failed') AS failed_last_minute
+    FROM notifyq.jobs
+    WHERE status IN ('completed', 'failed', 'cancelled')
+      AND finished_at > now() - interval '1 minute'
+    GROUP BY queue
+), completed_exact AS (
+    SELECT queue, count(*) AS completed
+    FROM notifyq.jobs
+    WHERE status = 'completed' AND (SELECT rows FROM estimate) < %(exact_below)s
+    GROUP BY queue
+), completed_sampled AS (
+    SELECT queue, (count(*) * 100.0 / %(sample_percent)s)::bigint AS completed
+    FROM notifyq.jobs TABLESAMPLE SYSTEM (%(sample_percent)s)
+    WHERE status = 'completed' AND (SELECT rows FROM estimate) >= %(exact_below)s
+    GROUP BY queue
+), names AS (
+    SELECT queue FROM live UNION SELECT queue FROM recent
+    UNION SELECT queue FROM completed_exact UNION SELECT queue FROM completed_sampled
+    UNION SELECT name FROM notifyq.queues
+)
+SELECT n.queue,
+       coalesce(l.queued, 0) AS queued, coalesce(l.due, 0) AS due,
+       coalesce(l.processing, 0) AS processing,
+       coalesce(ce.completed, cs.completed, 0) AS completed,
+       coalesce(l.failed, 0) AS failed, coalesce(l.cancelled, 0) AS cancelled,
+       (SELECT rows FROM estimate) >= %(exact_below)s AS completed_estimated,
+       l.oldest_due_seconds,
+       coalesce(r.completed_last_minute, 0) AS completed_last_minute,
+       coalesce(r.failed_last_minute, 0) AS failed_last_minute,
+       coalesce(q.paused, false) AS paused, coalesce(q.notify, true) AS notify,
+       q.rate_limit
+FROM names AS n
+LEFT JOIN live AS l ON l.queue = n.queue
+LEFT JOIN recent AS r ON r.queue = n.queue
+LEFT JOIN completed_exact AS ce ON ce.queue = n.queue
+LEFT JOIN completed_sampled AS cs ON cs.queue = n.queue
+LEFT JOIN notifyq.queues AS q ON q.name = n.queue
+ORDER BY n.queue;
+
+-- Pauses or resumes a queue; resuming wakes its workers.
+-- name: set_queue_paused
+WITH changed AS (
+    INSERT INTO notifyq.queues (name, paused, updated_at)
+    VALUES (%(queue)s, %(paused)s, now())
+    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
+    RETURNING name, paused
+)
+SELECT name, paused, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM changed;
+
+-- name: schema_version
+SELECT max(version) FROM notifyq.migrations;
 
 -- name: set_setting
 INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)

@@ -1,0 +1,210 @@
+"""The jobs API beyond submit and read: batch, cancel, delete, queues, pause, readiness."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import psycopg
+
+from notifyq.api import create_app
+from notifyq.db import open_pool
+from notifyq.settings import Settings
+from notifyq.store import Store
+from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.worker import Worker
+from tests.helpers import job_row, running_worker, wait_for_status, wait_until
+
+
+@contextlib.asynccontextmanager
+async def api(settings: Settings, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings.model_copy(update={"run_worker": False, **overrides}))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+    ):
+        yield client
+
+
+async def test_batch_enqueues_in_order_in_one_request(settings: Settings, conn: Any) -> None:
+    jobs = [{"payload": {"i": i}, "priority": i % 4} for i in range(300)]
+    jobs[5] = {"payload": {"v": 1}, "dedup_key": "k"}
+    jobs[9] = {"payload": {"v": 2}, "dedup_key": "k"}
+    async with api(settings) as client:
+        answer = await client.post("/jobs/batch", json={"jobs": jobs})
+        assert answer.status_code == 200, answer.text
+        results = answer.json()["results"]
+        bad = await client.post("/jobs/batch", json={"jobs": [{"payload": {}}, {"payload": [1]}]})
+        empty = await client.post("/jobs/batch", json={"jobs": []})
+    assert len(results) == 300
+    assert results[9]["job_id"] == results[5]["job_id"] and results[9]["duplicate"]
+    cursor = await conn.execute("SELECT count(*) FROM notifyq.jobs")
+    assert (await cursor.fetchone())[0] == 299
+    row = await job_row(conn, results[7]["job_id"])
+    assert row is not None and (row["payload"], row["priority"]) == ({"i": 7}, 3)
+    # One malformed job refuses the whole batch, naming its position.
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == ["body", "jobs", 1]
+    assert empty.status_code == 422
+
+
+async def test_cancel_a_queued_job(settings: Settings, conn: Any) -> None:
+    async with api(settings) as client:
+        job_id = (await client.post("/jobs", json={"payload": {}})).json()["job_id"]
+        answer = await client.post(f"/jobs/{job_id}/cancel")
+        again = await client.post(f"/jobs/{job_id}/cancel")
+        missing = await client.post("/jobs/00000000-0000-0000-0000-000000000001/cancel")
+    assert answer.status_code == 200 and answer.json()["status"] == "cancelled"
+    assert again.status_code == 409
+    assert missing.status_code == 404
+    # It never runs.
+    await Worker(settings, burst=True).run()
+    row = await job_row(conn, job_id)
+    assert row is not None and row["status"] == "cancelled" and row["attempt_count"] == 0
+
+
+async def test_cancel_stops_a_running_handler(settings: Settings, conn: Any) -> None:
+    started = anyio.Event()
+    stopped = anyio.Event()
+
+    async def endless(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await anyio.sleep(3600)
+        finally:
+            stopped.set()
+
+    tasks = worker_registry(Registry([make_task(endless)]))
+    async with running_worker(settings, tasks) as worker, api(settings) as client:
+        job_id = (await client.post("/jobs", json={"task": "endless", "payload": {}})).json()[
+            "job_id"
+        ]
+        with anyio.fail_after(5):
+            await started.wait()
+        answer = await client.post(f"/jobs/{job_id}/cancel")
+        assert answer.status_code == 202
+        assert answer.json()["cancel_requested_at"] is not None
+        with anyio.fail_after(5):
+            await stopped.wait()
+        row = await wait_for_status(conn, job_id, "cancelled")
+    assert "cancelled while running" in row["last_error"]
+    assert worker.stats.cancelled == 1
+
+
+async def test_a_cancel_whose_notification_was_lost_is_seen_by_the_heartbeat(
+    settings: Settings, conn: Any
+) -> None:
+    started = anyio.Event()
+
+    async def endless(payload: dict[str, Any]) -> None:
+        started.set()
+        await anyio.sleep(3600)
+
+    tasks = worker_registry(Registry([make_task(endless)]))
+    fast_beat = settings.model_copy(update={"lease_seconds": 3})
+    async with running_worker(fast_beat, tasks):
+        cursor = await conn.execute("SELECT notifyq.enqueue('endless', '{}')")
+        job_id = (await cursor.fetchone())[0]
+        with anyio.fail_after(5):
+            await started.wait()
+        # What cancel_job does, minus the notification.
+        await conn.execute(
+            "UPDATE notifyq.jobs SET cancel_requested_at = now() WHERE id = %s", [job_id]
+        )
+        await wait_for_status(conn, job_id, "cancelled", timeout=5)
+
+
+async def test_a_cancelled_job_of_a_dead_worker_is_not_requeued(
+    settings: Settings, conn: Any
+) -> None:
+    cursor = await conn.execute(
+        """INSERT INTO notifyq.jobs (task, status, attempt_count, worker_id, lease_expires_at,
+                                     cancel_requested_at)
+           VALUES ('echo', 'processing', 1, 'gone:1:x', now() - interval '1 s', now())
+           RETURNING id"""
+    )
+    job_id = (await cursor.fetchone())[0]
+    async with running_worker(settings.model_copy(update={"lease_seconds": 3})):
+        await wait_for_status(conn, job_id, "cancelled", timeout=10)
+
+
+async def test_delete_only_finished_jobs(settings: Settings, conn: Any) -> None:
+    async with api(settings) as client:
+        queued = (await client.post("/jobs", json={"payload": {}})).json()["job_id"]
+        refused = await client.delete(f"/jobs/{queued}")
+        await client.post(f"/jobs/{queued}/cancel")
+        deleted = await client.delete(f"/jobs/{queued}")
+        gone = await client.get(f"/jobs/{queued}")
+        missing = await client.delete(f"/jobs/{queued}")
+    assert refused.status_code == 409
+    assert deleted.status_code == 204
+    assert gone.status_code == 404 and missing.status_code == 404
+
+
+async def test_queue_counts_and_pause(settings: Settings, conn: Any) -> None:
+    await conn.execute(
+        """INSERT INTO notifyq.jobs (task, queue, status, finished_at)
+           SELECT 'echo', 'mail', s, CASE WHEN s = 'completed' THEN now() END
+           FROM unnest(ARRAY['queued', 'queued', 'completed', 'failed']) AS s"""
+    )
+    async with api(settings) as client:
+        queues = {q["queue"]: q for q in (await client.get("/queues")).json()}
+        paused = await client.post("/queues/mail/pause")
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        await Worker(settings, burst=True).run()
+        cursor = await conn.execute(
+            "SELECT count(*) FROM notifyq.jobs WHERE queue = 'mail' AND status = 'queued'"
+        )
+        assert (await cursor.fetchone())[0] == 2  # paused: nothing claimed
+        async with running_worker(settings):
+            resumed = await client.post("/queues/mail/resume")
+            assert resumed.json()["paused"] is False
+
+            async def drained() -> bool:
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM notifyq.jobs WHERE status = 'queued'"
+                )
+                return (await cursor.fetchone())[0] == 0  # type: ignore[index]
+
+            await wait_until(drained, timeout=5)  # resume wakes the worker (poll is 30 s)
+        bad = await client.post("/queues/%00/pause")
+    mail = queues["mail"]
+    assert (mail["queued"], mail["completed"], mail["failed"], mail["due"]) == (2, 1, 1, 2)
+    assert mail["completed_estimated"] is False
+    assert mail["completed_last_minute"] == 1
+    assert mail["oldest_due_seconds"] is not None
+    assert bad.status_code == 422
+
+
+async def test_queue_counts_are_estimated_on_a_large_table(settings: Settings, db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(
+            """INSERT INTO notifyq.jobs (task, status, finished_at)
+               SELECT 'echo', 'completed', now() FROM generate_series(1, 20000)"""
+        )
+        await conn.execute("ANALYZE notifyq.jobs")
+    async with open_pool(settings, name="t") as pool:
+        rows = await Store(pool).queue_stats(exact_below=1000, sample_percent=50)
+    (row,) = rows
+    assert row["completed_estimated"] is True
+    assert 12_000 < row["completed"] < 28_000
+
+
+async def test_ready_reports_each_part(settings: Settings, conn: Any) -> None:
+    async with api(settings) as client:
+        alone = await client.get("/ready")
+    assert alone.status_code == 200
+    assert alone.json()["listener"] == "no worker in this process"
+    app = create_app(settings.model_copy(update={"run_worker": True}))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+    ):
+        answer = await client.get("/ready")
+        assert answer.status_code == 200 and answer.json()["listener"] == "ok"
+        await conn.execute("DELETE FROM notifyq.migrations WHERE version = 1")
+        stale = await client.get("/ready")
+    assert stale.status_code == 503
+    assert "this notifyq needs" in stale.json()["migrations"]
