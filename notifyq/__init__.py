@@ -22,11 +22,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backoff",
+    "CircuitBreaker",
     "ConfigurationError",
     "DatabaseUnavailable",
     "EnqueueResult",
     "InvalidJob",
     "Job",
+    "JobContext",
     "JobNotFound",
     "JobSpec",
     "JobStatus",
@@ -39,12 +41,15 @@ __all__ = [
     "Worker",
     "__version__",
     "create_app",
+    "current_job",
+    "periodic",
     "task",
 ]
 
 if TYPE_CHECKING:
     from notifyq.api import create_app
     from notifyq.client import Queue
+    from notifyq.context import JobContext, current_job
     from notifyq.errors import (
         ConfigurationError,
         DatabaseUnavailable,
@@ -57,7 +62,7 @@ if TYPE_CHECKING:
     )
     from notifyq.models import EnqueueResult, Job, JobSpec, JobStatus
     from notifyq.settings import Settings
-    from notifyq.tasks import Backoff, task
+    from notifyq.tasks import Backoff, CircuitBreaker, periodic, task
     from notifyq.worker import Worker
 
 _LOCATIONS = {
@@ -67,6 +72,10 @@ _LOCATIONS = {
     "Settings": "notifyq.settings",
     "task": "notifyq.tasks",
     "Backoff": "notifyq.tasks",
+    "CircuitBreaker": "notifyq.tasks",
+    "periodic": "notifyq.tasks",
+    "JobContext": "notifyq.context",
+    "current_job": "notifyq.context",
     "EnqueueResult": "notifyq.models",
     "Job": "notifyq.models",
     "JobSpec": "notifyq.models",

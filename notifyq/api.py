@@ -81,19 +81,20 @@ class JobIn(BaseModel):
         description="The task to run. Default: payload.task when it is a string, else "
         "NOTIFYQ_DEFAULT_TASK.",
     )
-    queue: str = Field(
-        default="default",
+    queue: str | None = Field(
+        default=None,
         min_length=1,
         max_length=MAX_NAME_LENGTH,
         strict=True,
-        description="The queue; workers can be limited to some queues.",
+        description="The queue; workers can be limited to some queues. Default: the task's "
+        "queue, else 'default'.",
     )
-    priority: int = Field(
-        default=0,
+    priority: int | None = Field(
+        default=None,
         ge=PRIORITY_RANGE[0],
         le=PRIORITY_RANGE[1],
         strict=True,
-        description="Higher runs first.",
+        description="Higher runs first. Default: the task's priority, else 0.",
     )
     run_at: datetime | None = Field(
         default=None,

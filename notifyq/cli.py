@@ -121,6 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--status", choices=["failed", "cancelled"], default="failed")
     retry.add_argument("--all", action="store_true", help="every failed job, whatever its task")
 
+    cancel = commands.add_parser(
+        "cancel", help="cancel queued jobs, or ask the workers of running ones to stop them"
+    )
+    cancel.add_argument("job_ids", metavar="JOB_ID", nargs="+")
+
+    commands.add_parser("tasks", help="list the tasks workers registered, with their options")
+
+    prune = commands.add_parser(
+        "prune", help="delete finished jobs past their keep time (NOTIFYQ_KEEP_*) now"
+    )
+    prune.add_argument("--batch", type=_positive_int, default=1000)
+
+    bench = commands.add_parser(
+        "bench", help="measure latency and throughput (see notifyq bench --help)", add_help=False
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument(
         "--status", choices=["queued", "processing", "completed", "failed", "cancelled"]
@@ -451,7 +468,108 @@ def _parse_job_id(text: str) -> Any:
         raise InvalidJob(f"{text!r} is not a job id (a UUID)") from None
 
 
+def _cancel(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+
+    async def run() -> list[str]:
+        lines = []
+        async with Queue(settings=settings, pool_size=1) as q:
+            for text in args.job_ids:
+                was = await q.store.cancel_job(_parse_job_id(text))
+                if was is None:
+                    lines.append(f"{text}: no such job")
+                elif was.finished:
+                    lines.append(f"{text}: already {was.value}")
+                elif was.value == "queued":
+                    lines.append(f"{text}: cancelled")
+                else:
+                    lines.append(f"{text}: running; its worker was asked to stop it")
+        return lines
+
+    lines = anyio.run(run)
+    for line in lines:
+        print(line)
+    failed = [line for line in lines if line.endswith("no such job") or "already" in line]
+    if failed:
+        raise _Failed(f"{len(failed)} of {len(lines)} job(s) could not be cancelled")
+    return 0
+
+
+def _tasks(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+
+    async def run() -> list[dict[str, Any]]:
+        async with Queue(settings=settings, pool_size=1) as q:
+            return await q.store.list_tasks()
+
+    rows = anyio.run(run)
+    if not rows:
+        print("no tasks registered yet: start a worker (notifyq worker --import yourmodule)")
+        return 0
+    print(f"{'TASK':24}  {'QUEUE':10}  TRIES  TIMEOUT  LIMITS               BREAKER")
+    for row in rows:
+        options = row["options"] or {}
+        limits = ", ".join(
+            part
+            for part in (
+                f"{row['max_concurrency']} at once" if row["max_concurrency"] else "",
+                f"{row['rate_limit']:g}/s" if row["rate_limit"] else "",
+                f"cron {options['cron']}" if options.get("cron") else "",
+            )
+            if part
+        )
+        timeout = f"{options['timeout']:g}s" if options.get("timeout") else "-"
+        print(
+            f"{row['name'][:24]:24}  {(options.get('queue') or '-')[:10]:10}  "
+            f"{row['max_attempts'] or '-'!s:>5}  {timeout:>7}  {limits or '-':19}  "
+            f"{row['breaker_state']}"
+        )
+    return 0
+
+
+def _prune(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+    from notifyq.worker import prune
+
+    async def run() -> int:
+        async with Queue(settings=settings, pool_size=1) as q:
+            return await prune(q.store, settings, batch=args.batch)
+
+    keeps = ", ".join(
+        f"{name} after {_duration(value)}"
+        for name, value in (
+            ("completed", settings.keep_completed),
+            ("failed", settings.keep_failed),
+            ("cancelled", settings.keep_cancelled),
+        )
+        if value is not None
+    )
+    _say(f"notifyq: deleting finished jobs: {keeps or 'nothing (all kept for good)'}")
+    print(f"deleted {anyio.run(run)} job(s)")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _bench(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq import bench
+
+    argv = list(args.bench_args)
+    if settings.database_url and "--database-url" not in argv:
+        argv = ["--database-url", settings.database_url, *argv]
+    return bench.main(argv)
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "cancel": _cancel,
+    "tasks": _tasks,
+    "prune": _prune,
+    "bench": _bench,
     "retry": _retry,
     "jobs": _jobs,
     "migrate": _migrate,

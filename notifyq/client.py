@@ -84,15 +84,16 @@ class Queue:
         task: str,
         payload: Mapping[str, Any] | None = None,
         *,
-        queue: str = "default",
-        priority: int = 0,
+        queue: str | None = None,
+        priority: int | None = None,
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> EnqueueResult:
-        """Enqueues one job and answers its id, status and whether it was a duplicate.
+        """Enqueues one job and answers its id, status and whether it was a duplicate. A None
+        ``queue`` or ``priority`` takes the task's own default (else "default" and 0).
 
         Raises :class:`~notifyq.errors.InvalidJob` for a malformed job."""
         spec = JobSpec.create(
@@ -157,8 +158,8 @@ def _spec_from_mapping(job: Mapping[str, Any]) -> JobSpec:
     return JobSpec.create(
         job["task"],
         job.get("payload"),
-        queue=job.get("queue", "default"),
-        priority=job.get("priority", 0),
+        queue=job.get("queue"),
+        priority=job.get("priority"),
         run_at=job.get("run_at"),
         delay=job.get("delay"),
         dedup_key=job.get("dedup_key"),

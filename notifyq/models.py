@@ -87,14 +87,15 @@ class EnqueueResult:
 class JobSpec:
     """A job to enqueue. Build it with :meth:`create`, which validates every field.
 
-    ``task`` may be None: the database then takes ``payload.task`` or its default task.
+    ``task`` may be None: the database then takes ``payload.task`` or its default task; a None
+    ``queue`` or ``priority`` takes the task's registered default (else "default" and 0).
     ``payload_json`` is the payload already encoded, checked for what PostgreSQL's jsonb refuses.
     """
 
     task: str | None
     payload_json: str
-    queue: str = "default"
-    priority: int = 0
+    queue: str | None = None
+    priority: int | None = None
     run_at: datetime | None = None
     delay: float | None = None
     dedup_key: str | None = None
@@ -107,8 +108,8 @@ class JobSpec:
         task: str | None,
         payload: Mapping[str, Any] | None = None,
         *,
-        queue: str = "default",
-        priority: int = 0,
+        queue: str | None = None,
+        priority: int | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
         dedup_key: str | None = None,
@@ -119,11 +120,13 @@ class JobSpec:
             raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
         if task is not None:
             check_name("task", task)
-        check_name("queue", queue)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidJob("priority must be an integer")
-        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-            raise InvalidJob("priority must fit in 32 bits")
+        if queue is not None:
+            check_name("queue", queue)
+        if priority is not None:
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise InvalidJob("priority must be an integer")
+            if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+                raise InvalidJob("priority must fit in 32 bits")
         if run_at is not None and delay is not None:
             raise InvalidJob("give run_at or delay, not both")
         if isinstance(delay, timedelta):

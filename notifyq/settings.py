@@ -82,6 +82,21 @@ class Settings(BaseSettings):
         "set none; unset means no breaker.",
     )
     breaker_cooldown: float = Field(default=30.0, gt=0)
+    keep_completed: float | None = Field(
+        default=7 * 86_400,
+        ge=0,
+        description="Seconds a completed job is kept before workers delete it; unset or empty "
+        "keeps them for good.",
+    )
+    keep_failed: float | None = Field(
+        default=None, ge=0, description="Seconds a failed job is kept; default: for good."
+    )
+    keep_cancelled: float | None = Field(
+        default=7 * 86_400, ge=0, description="Seconds a cancelled job is kept."
+    )
+    prune_interval: float = Field(
+        default=60.0, gt=0, description="Seconds between a worker's retention passes."
+    )
     api_token: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -100,6 +115,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_means_all(cls, value: list[str] | None) -> list[str] | None:
         return value or None
+
+    @field_validator("keep_completed", "keep_failed", "keep_cancelled", mode="before")
+    @classmethod
+    def _empty_means_forever(cls, value: Any) -> Any:
+        return None if value in ("", "none", "None", "forever") else value
 
     @field_validator("log_level", mode="before")
     @classmethod

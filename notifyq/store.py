@@ -76,7 +76,7 @@ class Store:
         params: dict[str, Any] | None,
         *,
         what: str,
-        fetch: Literal["all", "one", "none"] = "all",
+        fetch: Literal["all", "one", "none", "rowcount"] = "all",
         conn: psycopg.AsyncConnection[Any] | None = None,
         as_dicts: bool = False,
     ) -> Any:
@@ -92,6 +92,8 @@ class Store:
                 return await cursor.fetchall()
             if fetch == "one":
                 return await cursor.fetchone()
+            if fetch == "rowcount":
+                return cursor.rowcount
             return None
 
         with translate_errors(what):
@@ -299,8 +301,62 @@ class Store:
             "options": task.options_json(),
             "breaker_threshold": breaker.threshold if breaker else None,
             "breaker_cooldown": breaker.cooldown if breaker else 30.0,
+            "max_concurrency": task.max_concurrency,
+            "rate_limit": task.rate_limit,
+            "rate_burst": None if task.rate_limit is None else max(task.rate_limit, 1.0),
         }
         await self._run("register_task", params, what="registering tasks", fetch="none")
+
+    async def claim_limited(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+    ) -> list[ClaimedJob]:
+        """Claims jobs under a task's or queue's limit (see notifyq.claim_limited_v1)."""
+        params = {
+            "worker_id": worker_id,
+            "tasks": list(tasks),
+            "queues": None if queues is None else list(queues),
+            "limit": limit,
+            "lease": lease,
+        }
+        rows = await self._run("claim_limited_jobs", params, what="claiming limited jobs")
+        return [ClaimedJob(*row) for row in rows]
+
+    async def limits_exist(self, tasks: Sequence[str]) -> bool:
+        row = await self._run(
+            "limits_exist", {"tasks": list(tasks)}, what="reading limits", fetch="one"
+        )
+        return bool(row[0])
+
+    async def enqueue_tick(self, task: str, tick: datetime, payload_json: str) -> UUID | None:
+        """Enqueues the job of one tick of a periodic task; None when another worker did."""
+        row = await self._run(
+            "enqueue_tick",
+            {"task": task, "tick": tick, "payload": payload_json},
+            what="enqueueing a periodic job",
+            fetch="one",
+        )
+        return row[0] if row else None
+
+    async def database_now(self) -> datetime:
+        row = await self._run("database_now", None, what="reading the clock", fetch="one")
+        now: datetime = row[0]
+        return now
+
+    async def prune(self, status: JobStatus, keep: float, *, batch: int = 1000) -> int:
+        """Deletes up to ``batch`` jobs in ``status`` finished more than ``keep`` seconds ago;
+        answers how many (call again while it answers ``batch``)."""
+        params = {"status": status.value, "keep": keep, "limit": batch}
+        deleted: int = await self._run("prune_jobs", params, what="pruning jobs", fetch="rowcount")
+        return deleted
+
+    async def prune_ticks(self) -> None:
+        await self._run("prune_ticks", None, what="pruning periodic ticks", fetch="none")
 
     async def take_breaker_probes(self, tasks: Sequence[str]) -> list[str]:
         """The tasks whose half-open breaker this caller won the probe of."""

@@ -16,6 +16,7 @@ then cancel the rest and put them back in the queue at once, inside a shielded s
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -23,13 +24,17 @@ import socket
 import time
 import traceback
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
 import anyio
+import anyio.lowlevel
 import psycopg
 from anyio.abc import TaskGroup, TaskStatus
+from cronsim import CronSim
 
+from notifyq.context import JobContext
 from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
 from notifyq.models import ClaimedJob, JobStatus, encode_json
@@ -47,6 +52,9 @@ BREAKER_TICK = 1.0
 #: While registered as waiting without the lock (an insert's transaction stayed open), claim again
 #: this often until a registration gets it.
 UNSURE_RECHECK = 0.25
+#: While some task or queue has a limit, claim this often: tokens refill and slots free up
+#: without notifications.
+LIMIT_TICK = 0.25
 #: How long the final writes of a stopping worker may take.
 FINAL_WRITE_TIMEOUT = 10.0
 MAX_ERROR_LENGTH = 4000
@@ -123,6 +131,8 @@ class Worker:
         self._starved = False
         self._waiting = False
         self._waiting_sure = False
+        self._limits_exist = any(task.limited for task in self.registry)
+        self._periodic = [task for task in self.registry if task.cron]
         self._running: dict[UUID, _Running] = {}
         self._held: dict[UUID, int] = {}
         self._outbox = _Outbox()
@@ -169,6 +179,7 @@ class Worker:
         async with open_pool(settings, name="worker", min_size=2, max_size=4) as pool:
             self._store = Store(pool)
             await self._register_tasks()
+            self._limits_exist = await self._store.limits_exist(self._tasks)
             self.listener = Listener(
                 settings.listen_url or url,
                 handlers={CHANNEL: self._on_notification, CANCEL_CHANNEL: self._on_cancel},
@@ -181,6 +192,9 @@ class Worker:
                     await services.start(self.listener.run)
                     services.start_soon(self._maintain)
                     services.start_soon(self._write_outcomes)
+                    services.start_soon(self._housekeep)
+                    if self._periodic:
+                        services.start_soon(self._schedule)
                     logger.info(
                         "worker %s ready: tasks %s, queues %s, concurrency %d",
                         self.id,
@@ -272,6 +286,11 @@ class Worker:
                 self._start(jobs, job)
             if len(claimed) == limit:
                 continue
+            if self._limits_exist:
+                limited = await self._claim_limited(limit - len(claimed))
+                for job in limited:
+                    self._start(jobs, job)
+                claimed += limited
             if not claimed:
                 self.stats.empty_claims += 1
                 if self._burst and not self._running:
@@ -281,6 +300,20 @@ class Worker:
                 # as those inserts did not notify.
                 continue
             await self._sleep(wake)
+
+    async def _claim_limited(self, limit: int) -> list[ClaimedJob]:
+        assert self._store is not None
+        try:
+            return await self._store.claim_limited(
+                worker_id=self.id,
+                tasks=self._tasks,
+                queues=self._queues,
+                limit=limit,
+                lease=self.settings.lease_seconds,
+            )
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            logger.warning("limited claim failed: %s", first_line(exc))
+            return []
 
     async def _sleep(self, wake: anyio.Event) -> None:
         """Waits for a notification, the fallback poll, the next known run_at, or stop."""
@@ -296,6 +329,9 @@ class Worker:
             timeout = min(timeout, max(self._next_probe - time.monotonic(), 0.0))
         if self._waiting and not self._waiting_sure:
             timeout = min(timeout, UNSURE_RECHECK)
+        if self._limits_exist:
+            # Tokens refill and limited slots free up without a notification.
+            timeout = min(timeout, LIMIT_TICK)
         with anyio.move_on_after(timeout):
             await wake.wait()
 
@@ -399,11 +435,14 @@ class Worker:
         started = time.monotonic()
         timed_out = False
         try:
+            context = JobContext(
+                job.id, job.task, job.queue, job.attempt, job.max_attempts, job.priority, self.id
+            )
             if task.timeout is None:
-                result = await task.run(job.payload, self._limiter)
+                result = await task.run(job.payload, self._limiter, context)
             else:
                 with anyio.move_on_after(task.timeout) as deadline:
-                    result = await task.run(job.payload, self._limiter)
+                    result = await task.run(job.payload, self._limiter, context)
                 if deadline.cancelled_caught:
                     timed_out = True
         except PermanentFailure as exc:
@@ -626,6 +665,7 @@ class Worker:
         if self._waiting:
             await self._store.refresh_waiting(self.id, self.settings.lease_seconds)
         await self._store.prune_waiting()
+        self._limits_exist = await self._store.limits_exist(self._tasks)
         rescued = await self._store.rescue_expired()
         if rescued:
             self.stats.rescued += len(rescued)
@@ -633,6 +673,88 @@ class Worker:
                 "rescued %d job(s) whose worker stopped renewing its lease", len(rescued)
             )
             self._wake()
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    async def _housekeep(self) -> None:
+        """Retention: deletes finished jobs past their keep time, in small batches, so the hot
+        table stays small. Every worker does it; SKIP LOCKED keeps them out of each other's way.
+        """
+        assert self._store is not None
+        while True:
+            try:
+                deleted = await prune(self._store, self.settings)
+                if deleted:
+                    logger.info("retention: deleted %d finished job(s)", deleted)
+                await self._store.prune_ticks()
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                logger.warning("retention pass failed: %s", first_line(exc))
+            await anyio.sleep(self.settings.prune_interval)
+
+    async def _schedule(self) -> None:
+        """Enqueues periodic tasks on their ticks. Every worker tries every tick; the tick's row
+        in notifyq.periodic_ticks lets exactly one of them enqueue it. Ticks are computed on the
+        database's clock, so workers agree even when their own clocks drift."""
+        assert self._store is not None
+        last: dict[str, datetime] = {}
+        while True:
+            try:
+                # Cron expressions are read in UTC, whatever the server's TimeZone.
+                now = (await self._store.database_now()).astimezone(timezone.utc)
+                for task in self._periodic:
+                    assert task.cron is not None
+                    # On start, the latest tick of the last minute still counts: a worker that
+                    # restarts right after a tick does not lose it (the row dedups).
+                    since = last.get(task.name, now - timedelta(minutes=1))
+                    for tick in _ticks(task.cron, since, now):
+                        job_id = await self._store.enqueue_tick(
+                            task.name, tick, json.dumps(task.cron_payload)
+                        )
+                        if job_id is not None:
+                            logger.info(
+                                "periodic %s: enqueued tick %s as job %s",
+                                task.name,
+                                tick.isoformat(),
+                                job_id,
+                            )
+                        last[task.name] = tick
+                upcoming = min(next(iter(CronSim(t.cron or "", now))) for t in self._periodic)
+                pause = (upcoming - now).total_seconds()
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                logger.warning("periodic scheduling failed: %s", first_line(exc))
+                pause = 5.0
+            await anyio.sleep(min(max(pause, 0.05), 60.0))
+
+
+async def prune(store: Store, settings: Settings, *, batch: int = 1000) -> int:
+    """Deletes finished jobs older than their keep setting, ``batch`` rows per statement;
+    answers how many."""
+    total = 0
+    for status, keep in (
+        (JobStatus.COMPLETED, settings.keep_completed),
+        (JobStatus.FAILED, settings.keep_failed),
+        (JobStatus.CANCELLED, settings.keep_cancelled),
+    ):
+        if keep is None:
+            continue
+        while True:
+            deleted = await store.prune(status, keep, batch=batch)
+            total += deleted
+            if deleted < batch:
+                break
+            await anyio.lowlevel.checkpoint()
+    return total
+
+
+def _ticks(cron: str, after: datetime, until: datetime) -> list[datetime]:
+    """The ticks of ``cron`` in (after, until], at most 100 (a long outage is not replayed)."""
+    found: list[datetime] = []
+    for tick in CronSim(cron, after):
+        if tick > until or len(found) == 100:
+            break
+        if tick > after:
+            found.append(tick)
+    return found[-100:]
 
 
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:

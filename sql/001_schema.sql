@@ -248,10 +248,21 @@ CREATE TRIGGER jobs_notify_inserted
     REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION notifyq.notify_inserted_v1();
 
+-- The task a job runs: the one named, else payload.task when it is a string, else the default.
+CREATE FUNCTION notifyq.resolve_task_v1(p_task text, p_payload jsonb) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        p_task,
+        CASE WHEN jsonb_typeof(p_payload -> 'task') = 'string' THEN p_payload ->> 'task' END,
+        (SELECT value FROM notifyq.settings WHERE key = 'default_task'),
+        'echo');
+$$;
+
 -- Enqueues one job with the duplicate rule of the public contract: while a job with the same
 -- (queue, dedup_key) is queued, the new submission replaces its payload, priority, run_at and
 -- max_attempts and its id is returned with duplicate = true. The unique index decides; the loop
--- covers the moment when the queued duplicate is being claimed by a worker concurrently.
+-- covers the moment when the queued duplicate is being claimed by a worker concurrently. A NULL
+-- queue or priority takes the task's registered default.
 CREATE FUNCTION notifyq.enqueue_v1(
     p_task text,
     p_payload jsonb,
@@ -266,13 +277,20 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_new_id uuid := gen_random_uuid();
+    v_task text := notifyq.resolve_task_v1(p_task, p_payload);
+    v_options jsonb;
     v_job notifyq.jobs;
 BEGIN
+    IF p_queue IS NULL OR p_priority IS NULL THEN
+        SELECT t.options INTO v_options FROM notifyq.tasks AS t WHERE t.name = v_task;
+    END IF;
     LOOP
         INSERT INTO notifyq.jobs AS j
             (id, task, payload, queue, priority, run_at, dedup_key, max_attempts)
-        VALUES (v_new_id, p_task, coalesce(p_payload, '{}'::jsonb), coalesce(p_queue, 'default'),
-                coalesce(p_priority, 0), coalesce(p_run_at, now()), p_dedup_key, p_max_attempts)
+        VALUES (v_new_id, v_task, coalesce(p_payload, '{}'::jsonb),
+                coalesce(p_queue, v_options ->> 'queue', 'default'),
+                coalesce(p_priority, (v_options ->> 'priority')::integer, 0),
+                coalesce(p_run_at, now()), p_dedup_key, p_max_attempts)
         ON CONFLICT (queue, dedup_key) WHERE status = 'queued' AND dedup_key IS NOT NULL
         DO UPDATE SET payload = EXCLUDED.payload,
                       priority = EXCLUDED.priority,
@@ -288,6 +306,152 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_job.id, v_job.id <> v_new_id, v_job.status, v_job.run_at,
                         v_job.created_at;
+END;
+$$;
+
+-- Claims up to p_limit due jobs that are under a limit: a task's max_concurrency or rate_limit,
+-- or a queue's rate_limit, all of them across every worker. The limit rows are locked first, in
+-- one global order (tasks, then queues, each by name), so concurrent claimers wait for each
+-- other instead of deadlocking; and because each statement of a PL/pgSQL function takes a new
+-- snapshot, the counts made after the locks see every claim committed before them. Rates are
+-- token buckets: rate_tokens refill at rate_limit per second up to rate_burst (default: one
+-- second's worth, at least 1), and each claimed job spends one.
+CREATE FUNCTION notifyq.claim_limited_v1(
+    p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease float8
+) RETURNS TABLE (id uuid, task text, queue text, payload jsonb, priority integer,
+                 attempt_count integer, max_attempts integer, created_at float8, run_at float8)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+    v_room integer;
+    v_tokens double precision;
+    v_task_room jsonb := '{}'::jsonb;
+    v_queue_room jsonb := '{}'::jsonb;
+    v_ids uuid[] := '{}';
+BEGIN
+    FOR r IN
+        SELECT t.name, t.max_concurrency, t.rate_limit, t.rate_tokens, t.rate_refilled_at,
+               coalesce(t.rate_burst, greatest(t.rate_limit, 1)) AS burst
+        FROM notifyq.tasks AS t
+        WHERE t.name = ANY(p_tasks) AND t.breaker_open_until IS NULL
+          AND (t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
+        ORDER BY t.name
+        FOR UPDATE
+    LOOP
+        v_room := p_limit;
+        IF r.max_concurrency IS NOT NULL THEN
+            v_room := least(v_room, r.max_concurrency - (
+                SELECT count(*) FROM notifyq.jobs AS j
+                WHERE j.status = 'processing' AND j.task = r.name)::integer);
+        END IF;
+        IF r.rate_limit IS NOT NULL THEN
+            v_tokens := least(r.burst, r.rate_tokens
+                              + r.rate_limit * extract(epoch FROM now() - r.rate_refilled_at));
+            v_room := least(v_room, floor(v_tokens)::integer);
+            UPDATE notifyq.tasks AS t SET rate_tokens = v_tokens, rate_refilled_at = now()
+            WHERE t.name = r.name;
+        END IF;
+        v_task_room := v_task_room || jsonb_build_object(r.name, greatest(v_room, 0));
+    END LOOP;
+
+    FOR r IN
+        SELECT q.name, q.rate_limit, q.rate_tokens, q.rate_refilled_at,
+               coalesce(q.rate_burst, greatest(q.rate_limit, 1)) AS burst
+        FROM notifyq.queues AS q
+        WHERE q.rate_limit IS NOT NULL AND NOT q.paused
+          AND (p_queues IS NULL OR q.name = ANY(p_queues))
+        ORDER BY q.name
+        FOR UPDATE
+    LOOP
+        v_tokens := least(r.burst, r.rate_tokens
+                          + r.rate_limit * extract(epoch FROM now() - r.rate_refilled_at));
+        UPDATE notifyq.queues AS q SET rate_tokens = v_tokens, rate_refilled_at = now()
+        WHERE q.name = r.name;
+        v_queue_room := v_queue_room || jsonb_build_object(r.name, floor(v_tokens)::integer);
+    END LOOP;
+
+    IF v_task_room = '{}'::jsonb AND v_queue_room = '{}'::jsonb THEN
+        RETURN;
+    END IF;
+
+    FOR r IN
+        SELECT j.id, j.task, j.queue
+        FROM notifyq.jobs AS j
+        WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
+          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
+          AND (v_task_room ? j.task OR v_queue_room ? j.queue)
+          AND j.queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
+          AND j.task NOT IN (SELECT name FROM notifyq.tasks
+                             WHERE breaker_open_until IS NOT NULL
+                                OR ((max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+                                    AND NOT v_task_room ? name))
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT greatest(p_limit * 4, 100)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        CONTINUE WHEN v_task_room ? r.task AND (v_task_room ->> r.task)::integer <= 0;
+        CONTINUE WHEN v_queue_room ? r.queue AND (v_queue_room ->> r.queue)::integer <= 0;
+        IF v_task_room ? r.task THEN
+            v_task_room := jsonb_set(v_task_room, ARRAY[r.task],
+                                     to_jsonb((v_task_room ->> r.task)::integer - 1));
+        END IF;
+        IF v_queue_room ? r.queue THEN
+            v_queue_room := jsonb_set(v_queue_room, ARRAY[r.queue],
+                                      to_jsonb((v_queue_room ->> r.queue)::integer - 1));
+        END IF;
+        v_ids := v_ids || r.id;
+        EXIT WHEN cardinality(v_ids) >= p_limit;
+    END LOOP;
+
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE notifyq.jobs AS j
+        SET status = 'processing',
+            attempt_count = j.attempt_count + 1,
+            started_at = now(),
+            finished_at = NULL,
+            worker_id = p_worker_id,
+            lease_expires_at = now() + make_interval(secs => p_lease)
+        WHERE j.id = ANY(v_ids)
+        RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count,
+                  j.max_attempts, j.created_at, j.run_at
+    ), spent_tasks AS (
+        UPDATE notifyq.tasks AS t SET rate_tokens = t.rate_tokens - c.n
+        FROM (SELECT claimed.task, count(*) AS n FROM claimed GROUP BY claimed.task) AS c
+        WHERE t.name = c.task AND t.rate_limit IS NOT NULL
+    ), spent_queues AS (
+        UPDATE notifyq.queues AS q SET rate_tokens = q.rate_tokens - c.n
+        FROM (SELECT claimed.queue, count(*) AS n FROM claimed GROUP BY claimed.queue) AS c
+        WHERE q.name = c.queue AND q.rate_limit IS NOT NULL
+    )
+    SELECT c.id, c.task, c.queue, c.payload, c.priority, c.attempt_count, c.max_attempts,
+           extract(epoch FROM c.created_at)::float8, extract(epoch FROM c.run_at)::float8
+    FROM claimed AS c;
+END;
+$$;
+
+-- Enqueues the job of one tick of a periodic task, unless another worker did: the tick's row is
+-- the proof, inserted in the same transaction. Answers the job id, or NULL when the tick was
+-- taken already.
+CREATE FUNCTION notifyq.enqueue_tick_v1(p_task text, p_tick timestamptz, p_payload jsonb)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_job_id uuid;
+BEGIN
+    INSERT INTO notifyq.periodic_ticks (name, tick) VALUES (p_task, p_tick)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT e.job_id INTO v_job_id
+    FROM notifyq.enqueue_v1(p_task, p_payload, NULL, NULL, p_tick, NULL, NULL) AS e;
+    UPDATE notifyq.periodic_ticks SET job_id = v_job_id WHERE name = p_task AND tick = p_tick;
+    RETURN v_job_id;
 END;
 $$;
 
@@ -327,7 +491,8 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH input AS MATERIALIZED (
-        SELECT gen_random_uuid() AS id, u.*
+        SELECT gen_random_uuid() AS id, u.ord, u.payload, u.queue, u.priority, u.run_at,
+               u.max_attempts, notifyq.resolve_task_v1(u.task, u.payload) AS task
         FROM unnest(p_tasks, p_payloads, p_queues, p_priorities, p_run_ats, p_dedup_keys,
                     p_max_attempts)
              WITH ORDINALITY AS u(task, payload, queue, priority, run_at, dedup_key,
@@ -335,9 +500,11 @@ BEGIN
         WHERE u.dedup_key IS NULL
     ), inserted AS (
         INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
-        SELECT id, task, coalesce(payload, '{}'::jsonb), coalesce(queue, 'default'),
-               coalesce(priority, 0), coalesce(run_at, now()), max_attempts
-        FROM input
+        SELECT i.id, i.task, coalesce(i.payload, '{}'::jsonb),
+               coalesce(i.queue, t.options ->> 'queue', 'default'),
+               coalesce(i.priority, (t.options ->> 'priority')::integer, 0),
+               coalesce(i.run_at, now()), i.max_attempts
+        FROM input AS i LEFT JOIN notifyq.tasks AS t ON t.name = i.task
         RETURNING id, status, run_at, created_at
     )
     SELECT input.ord::integer, inserted.id, false, inserted.status, inserted.run_at,

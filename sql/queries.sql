@@ -36,7 +36,9 @@ WHERE id = %(id)s;
 -- Claims up to %(limit)s due jobs of the given tasks (and queues, when given) in one statement,
 -- highest priority first. SKIP LOCKED lets concurrent workers take disjoint rows without waiting
 -- on each other; the row locks last only for this statement, never while the job runs. Tasks
--- whose circuit breaker is open are skipped, except by a worker holding that task's probe.
+-- whose circuit breaker is open are skipped, except by a worker holding that task's probe;
+-- paused queues are skipped; jobs under a concurrency or rate limit are left to
+-- claim_limited_jobs.
 -- name: claim_jobs
 WITH picked AS (
     SELECT id
@@ -45,7 +47,10 @@ WITH picked AS (
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (%(probe)s OR task NOT IN (SELECT name FROM notifyq.tasks
                                      WHERE breaker_open_until IS NOT NULL))
-      AND queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
+      AND queue NOT IN (SELECT name FROM notifyq.queues
+                        WHERE paused OR rate_limit IS NOT NULL)
+      AND task NOT IN (SELECT name FROM notifyq.tasks
+                       WHERE max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -235,13 +240,18 @@ FROM rescued AS r;
 
 -- name: register_task
 INSERT INTO notifyq.tasks (name, max_attempts, options, breaker_threshold, breaker_cooldown,
-                           updated_at)
-VALUES (%(name)s, %(max_attempts)s, %(options)s::jsonb, %(breaker_threshold)s,
-        %(breaker_cooldown)s, now())
+                           max_concurrency, rate_limit, rate_burst, rate_tokens, updated_at)
+VALUES (%(name)s, %(max_attempts)s::integer, %(options)s::jsonb, %(breaker_threshold)s::integer,
+        %(breaker_cooldown)s::float8, %(max_concurrency)s::integer, %(rate_limit)s::float8,
+        %(rate_burst)s::float8, coalesce(%(rate_burst)s::float8, 0), now())
 ON CONFLICT (name) DO UPDATE
 SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
     breaker_threshold = EXCLUDED.breaker_threshold,
-    breaker_cooldown = EXCLUDED.breaker_cooldown, updated_at = now();
+    breaker_cooldown = EXCLUDED.breaker_cooldown,
+    max_concurrency = EXCLUDED.max_concurrency,
+    rate_limit = EXCLUDED.rate_limit,
+    rate_burst = EXCLUDED.rate_burst,
+    updated_at = now();
 
 -- A half-open breaker (open, cool-down over) lets one probe through: the worker whose UPDATE
 -- wins pushes the time forward by another cool-down and may claim one job of that task.
@@ -441,6 +451,39 @@ SELECT name, paused, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END 
 
 -- name: schema_version
 SELECT max(version) FROM notifyq.migrations;
+
+-- Claims jobs under a task's concurrency or rate limit, or a queue's rate limit (see
+-- notifyq.claim_limited_v1).
+-- name: claim_limited_jobs
+SELECT * FROM notifyq.claim_limited_v1(%(worker_id)s, %(tasks)s::text[], %(queues)s::text[],
+                                       %(limit)s, %(lease)s::float8);
+
+-- Whether any limited task of these, or any rate-limited queue, exists: the worker calls the
+-- limited claim only then.
+-- name: limits_exist
+SELECT EXISTS (SELECT 1 FROM notifyq.tasks WHERE name = ANY(%(tasks)s::text[])
+                   AND (max_concurrency IS NOT NULL OR rate_limit IS NOT NULL))
+    OR EXISTS (SELECT 1 FROM notifyq.queues WHERE rate_limit IS NOT NULL);
+
+-- name: enqueue_tick
+SELECT notifyq.enqueue_tick_v1(%(task)s, %(tick)s, %(payload)s::jsonb);
+
+-- name: database_now
+SELECT now();
+
+-- Deletes up to %(limit)s jobs in %(status)s that finished before %(keep)s seconds ago, oldest
+-- first; the caller repeats until fewer come back.
+-- name: prune_jobs
+DELETE FROM notifyq.jobs
+WHERE id IN (SELECT id FROM notifyq.jobs
+             WHERE status = %(status)s::text
+               AND finished_at < now() - make_interval(secs => %(keep)s::float8)
+             ORDER BY finished_at
+             LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED);
+
+-- name: prune_ticks
+DELETE FROM notifyq.periodic_ticks WHERE tick < now() - interval '7 days';
 
 -- name: set_setting
 INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)

@@ -585,7 +585,6 @@ BAD_BODIES: list[tuple[str, bytes]] = [
     ("priority string", _encoded({"payload": {}, "priority": "5"})),
     ("priority float", _encoded({"payload": {}, "priority": 1.5})),
     ("priority bool", _encoded({"payload": {}, "priority": True})),
-    ("priority null", _encoded({"payload": {}, "priority": None})),
     ("priority over 32 bits", _encoded({"payload": {}, "priority": 2**31})),
     ("priority under 32 bits", _encoded({"payload": {}, "priority": -(2**31) - 1})),
     ("priority huge", _encoded({"payload": {}, "priority": 10**100})),
@@ -595,7 +594,6 @@ BAD_BODIES: list[tuple[str, bytes]] = [
     ("task NUL", _encoded({"payload": {}, "task": "ec\x00ho"})),
     ("queue empty", _encoded({"payload": {}, "queue": ""})),
     ("queue number", _encoded({"payload": {}, "queue": 1})),
-    ("queue null", _encoded({"payload": {}, "queue": None})),
     ("queue too long", _encoded({"payload": {}, "queue": "q" * 201})),
     ("queue NUL", _encoded({"payload": {}, "queue": "de\x00fault"})),
     ("max_attempts zero", _encoded({"payload": {}, "max_attempts": 0})),
@@ -891,3 +889,9 @@ async def test_openapi_documents_every_job_field(client: httpx.AsyncClient) -> N
     post = spec["paths"]["/jobs"]["post"]
     assert {"200", "201", "413", "422", "503"} <= set(post["responses"])
     assert {"200", "404", "422"} <= set(spec["paths"]["/jobs/{job_id}"]["get"]["responses"])
+
+
+async def test_null_optional_fields_mean_their_defaults(client: httpx.AsyncClient) -> None:
+    body = {"payload": {}, "queue": None, "priority": None, "task": None, "delay": None}
+    job = await get_job(client, await enqueue(client, body))
+    assert (job["queue"], job["priority"], job["task"]) == ("default", 0, "echo")
