@@ -19,6 +19,7 @@ from typing import Any
 from uuid import UUID
 
 import anyio
+import anyio.to_thread
 import psycopg
 from fastapi import Depends, FastAPI, Query, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
@@ -327,21 +328,22 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.auto_migrate:
-            await migrate(settings)
-        async with open_pool(settings, name="api", min_size=1, wait=False) as pool:
-            app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
-            if not settings.run_worker:
-                yield
-                return
-            worker = Worker(settings, registry)
-            app.state.worker = worker
-            async with anyio.create_task_group() as tg:
-                await tg.start(worker.run)
-                try:
+        async with _database(settings) as ready:
+            if ready.auto_migrate:
+                await migrate(ready)
+            async with open_pool(ready, name="api", min_size=1, wait=False) as pool:
+                app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(ready))
+                if not ready.run_worker:
                     yield
-                finally:
-                    worker.stop()
+                    return
+                worker = Worker(ready, registry)
+                app.state.worker = worker
+                async with anyio.create_task_group() as tg:
+                    await tg.start(worker.run)
+                    try:
+                        yield
+                    finally:
+                        worker.stop()
 
     app = FastAPI(
         title="notifyq",
@@ -607,6 +609,24 @@ def create_app(
         return JSONResponse(body)
 
     return app
+
+
+@contextlib.asynccontextmanager
+async def _database(settings: Settings) -> AsyncIterator[Settings]:
+    """``settings`` with a database: DATABASE_URL's, or an embedded PostgreSQL (as
+    ``notifyq dev`` uses) for the app's lifetime when it is unset."""
+    if settings.database_url:
+        yield settings
+        return
+    from notifyq.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(settings.data_dir)
+    url = await anyio.to_thread.run_sync(server.acquire)
+    logger.warning("DATABASE_URL is unset: using an embedded PostgreSQL in %s", server.data_dir)
+    try:
+        yield settings.model_copy(update={"database_url": url})
+    finally:
+        await anyio.to_thread.run_sync(server.release)
 
 
 def _encode_cursor(job: Job) -> str:

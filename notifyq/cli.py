@@ -7,18 +7,20 @@ ends with one line on stderr saying what to do, and a non-zero exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
 
 from notifyq import __version__
+from notifyq.db import redact
 from notifyq.errors import InvalidJob, NotifyQError
 
 logger = logging.getLogger("notifyq")
@@ -109,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--dedup-key")
     enqueue.add_argument("--max-attempts", type=_positive_int)
 
+    dev = commands.add_parser(
+        "dev",
+        help="zero setup: embedded PostgreSQL (when DATABASE_URL is unset), API and worker",
+    )
+    dev.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    dev.add_argument("--port", type=_int, help="port to bind (default 8000)")
+    dev.add_argument(
+        "--reset", action="store_true", help="delete the embedded PostgreSQL's data first"
+    )
+    worker_options(dev)
+
     status = commands.add_parser("status", help="print a job as JSON")
     status.add_argument("job_id", metavar="JOB_ID")
 
@@ -156,7 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _settings(args)
         _configure_logging(settings.log_level)
         command: Callable[[argparse.Namespace, Any], int] = _COMMANDS[args.command]
-        return command(args, settings)
+        if args.command == "dev" and args.reset:
+            _reset_embedded(settings)
+        with _database(settings) as ready:
+            code = command(args, ready)
+        if args.command in ("worker", "serve", "dev"):
+            _exit_now_if_threads_hang()
+        return code
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:
@@ -202,10 +221,63 @@ def _configure_logging(level: str) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Its progress lines are printed as they happen (see _database).
+    logging.getLogger("notifyq.embedded").setLevel(logging.WARNING)
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+#: Run before a second signal ends the process at once (os._exit skips `with` blocks).
+_BEFORE_HARD_EXIT: list[Callable[[], None]] = []
+
+
+def _hard_exit(code: int) -> None:
+    for cleanup in _BEFORE_HARD_EXIT:
+        with contextlib.suppress(Exception):
+            cleanup()
+    logging.shutdown()
+    os._exit(code)
+
+
+@contextlib.contextmanager
+def _database(settings: Any) -> Iterator[Any]:
+    """The settings with a database: DATABASE_URL's, or an embedded PostgreSQL started (or
+    joined, when another notifyq process of this user runs one) for as long as the command
+    runs."""
+    if settings.database_url:
+        yield settings
+        return
+    from notifyq.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(settings.data_dir, on_progress=lambda line: _say(f"notifyq: {line}"))
+    _say(
+        "notifyq: DATABASE_URL is unset: using an embedded PostgreSQL "
+        f"(data in {server.data_dir}); export DATABASE_URL to use your own server"
+    )
+    with server:
+        # A second Ctrl-C exits at once, but still lets go of the server (the last user
+        # stops it).
+        _BEFORE_HARD_EXIT.append(server.release)
+        try:
+            yield settings.model_copy(update={"database_url": server.url})
+        finally:
+            _BEFORE_HARD_EXIT.remove(server.release)
+
+
+def _reset_embedded(settings: Any) -> None:
+    if settings.database_url:
+        raise _Failed(
+            "--reset deletes the embedded PostgreSQL's data; it does nothing with DATABASE_URL "
+            "set (unset it, or drop your database yourself)"
+        )
+    from notifyq.embedded import EmbeddedPostgres
+
+    folder = EmbeddedPostgres(
+        settings.data_dir, on_progress=lambda line: _say(f"notifyq: {line}")
+    ).reset()
+    _say(f"notifyq: reset: {folder} is gone; a new cluster is made now")
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -214,7 +286,7 @@ def _say(message: str) -> None:
 def _migrate(args: argparse.Namespace, settings: Any) -> int:
     from notifyq.migrations import latest_version, migrate
 
-    applied = anyio.run(lambda: migrate(settings, progress=_say))
+    applied = anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
     state = f"{len(applied)} migration(s) applied" if applied else "nothing to apply"
     _say(f"notifyq: database is up to date (schema version {latest_version()}; {state})")
     return 0
@@ -246,7 +318,6 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
             tg.cancel_scope.cancel()
 
     anyio.run(run)
-    _exit_now_if_threads_hang()
     return 0
 
 
@@ -288,11 +359,28 @@ async def _stop_on_signals(stop: Callable[[], None]) -> None:
                 stop()
             else:
                 logger.warning("received %s again: exiting at once", signal.Signals(signum).name)
-                logging.shutdown()
-                os._exit(128 + signum)
+                _hard_exit(128 + signum)
+
+
+def _dev(args: argparse.Namespace, settings: Any) -> int:
+    url = f"http://{settings.host}:{settings.port}"
+    banner = [
+        f"notifyq dev: API      {url}",
+        f"notifyq dev: docs     {url}/docs",
+        f"notifyq dev: database {redact(settings.database_url)}",
+        f"notifyq dev: try      curl -X POST {url}/jobs -H 'content-type: application/json' "
+        """-d '{"task": "hello_world", "payload": {}}'""",
+        "notifyq dev: Ctrl-C stops it",
+    ]
+    return _run_server(settings, banner)
 
 
 def _serve(args: argparse.Namespace, settings: Any) -> int:
+    url = f"http://{settings.host}:{settings.port}"
+    return _run_server(settings, [f"notifyq: serving {url} (docs at {url}/docs)"])
+
+
+def _run_server(settings: Any, banner: list[str]) -> int:
     import uvicorn
 
     from notifyq.api import create_app
@@ -301,7 +389,7 @@ def _serve(args: argparse.Namespace, settings: Any) -> int:
     _prepare_tasks(settings)
     # Migrate (and so prove the database answers) before uvicorn starts, so that a bad URL is
     # one line of error instead of a failed lifespan.
-    anyio.run(lambda: migrate(settings, progress=_say))
+    anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
     app = create_app(settings.model_copy(update={"auto_migrate": False}))
     server = _make_server(
         uvicorn.Config(
@@ -313,11 +401,11 @@ def _serve(args: argparse.Namespace, settings: Any) -> int:
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
         )
     )
-    _say(f"notifyq: serving http://{settings.host}:{settings.port} (docs at /docs)")
+    for line in banner:
+        _say(line)
     server.run()
     if not server.started:
         raise _Failed("the server did not start; see the log above")
-    _exit_now_if_threads_hang()
     return 0
 
 
@@ -326,8 +414,6 @@ class _Failed(NotifyQError):
 
 
 def _make_server(config: Any) -> Any:
-    import contextlib
-
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -336,8 +422,7 @@ def _make_server(config: Any) -> Any:
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit:
-                logging.shutdown()
-                os._exit(128 + sig)
+                _hard_exit(128 + sig)
             self.should_exit = True
 
         @contextlib.contextmanager
@@ -570,6 +655,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "tasks": _tasks,
     "prune": _prune,
     "bench": _bench,
+    "dev": _dev,
     "retry": _retry,
     "jobs": _jobs,
     "migrate": _migrate,

@@ -6,6 +6,7 @@ database); the CLI turns its flags into keyword arguments, which win over the en
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -43,6 +44,11 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("DATABASE_URL", "database_url"),
         description="libpq URL of the database; unset means an embedded PostgreSQL.",
+    )
+    data_dir: Path | None = Field(
+        default=None,
+        description="Where the embedded PostgreSQL keeps its data when DATABASE_URL is unset "
+        "(default: the user's data folder, /var/lib/notifyq for root).",
     )
     listen_url: str | None = Field(
         default=None,

@@ -1,6 +1,6 @@
 """Fixtures: a real PostgreSQL, a migrated template database, and a fresh clone of it per test.
 
-The server is the one DATABASE_URL names (default: the local one on 127.0.0.1:5432). Every test
+The server is the one DATABASE_URL names, or an embedded PostgreSQL when it is unset. Every test
 that asks for ``db_url`` gets its own database, created from the template in tens of
 milliseconds and dropped afterwards; databases left by a killed run are dropped at the next one.
 """
@@ -18,14 +18,24 @@ import pytest
 from psycopg import sql
 
 from notifyq.migrations import migrate
-from notifyq.settings import DEFAULT_LOCAL_URL, Settings
+from notifyq.settings import Settings
 from tests.helpers import url_with_dbname
 
 PREFIX = "nq_test_"
 
 
-def _server_url() -> str:
-    return os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+@pytest.fixture(scope="session")
+def _server() -> Iterator[str]:
+    """DATABASE_URL when it is set; else an embedded PostgreSQL for the session, so the suite
+    needs no server of its own."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    from notifyq.embedded import EmbeddedPostgres
+
+    with EmbeddedPostgres() as server:
+        yield server.url
 
 
 def _admin(url: str) -> psycopg.Connection[Any]:
@@ -59,9 +69,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="session")
-def server_url() -> str:
+def server_url(_server: str) -> str:
     """URL of a database on the test server, for administration (create/drop databases)."""
-    url = _server_url()
+    url = _server
     try:
         with _admin(url) as conn:
             _drop_stale_databases(conn)
