@@ -6,17 +6,21 @@ These are slow (tens of seconds); `pytest -m "not slow"` skips them, CI runs the
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
+from notifyq.embedded import EmbeddedPostgres
 from tests.helpers import Process, notifyq_env, processes
 from tests.sample_tasks import read_runs
 
@@ -185,3 +189,95 @@ def test_terminating_every_backend_mid_load_loses_no_accepted_job(
     assert set(accepted) <= set(ran), "an accepted job never ran"
     assert max(ran.values()) == 1, "a job ran twice though no process crashed"
     print(f"accepted {len(accepted)}, refused {dict(refused)}")
+
+
+@pytest.fixture
+def throwaway_cluster_dir() -> Iterator[Path]:
+    """A base folder for a PostgreSQL cluster of this test's own (not the shared server, which
+    this test stops and starts). As root it cannot be under tmp_path (private to root), as the
+    server's unprivileged account must reach it."""
+    base = Path(tempfile.mkdtemp(prefix="notifyq-restart-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_postgresql_restart_mid_load_loses_nothing(
+    throwaway_cluster_dir: Path, tmp_path: Path
+) -> None:
+    server = EmbeddedPostgres(throwaway_cluster_dir)
+    url = server.acquire()
+    restarted: EmbeddedPostgres | None = None
+    runs = tmp_path / "runs.txt"
+    port = free_port()
+    env = notifyq_env(
+        url,
+        NOTIFYQ_IMPORT="tests.sample_tasks",
+        NQ_RUNS_FILE=str(runs),
+        NOTIFYQ_POLL_INTERVAL="1",
+        NOTIFYQ_LEASE_SECONDS="10",
+        NOTIFYQ_CONNECT_TIMEOUT="1",
+    )
+    accepted: list[int] = []
+    answers = Counter[int]()
+    during_outage: list[tuple[int, float]] = []
+    try:
+        with processes(tmp_path) as start:
+            api = start("serve", "--port", str(port), env=env, name="serve")
+            worker = start("worker", env=env, name="worker")
+            api.wait_for_output("Application startup complete")
+            worker.wait_for_output("ready")
+            down = threading.Event()
+
+            def load() -> None:
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15) as client:
+                    for n in range(1, 801):
+                        began = time.monotonic()
+                        answer = client.post(
+                            "/jobs", json={"task": "record_slowly", "payload": {"n": n}}
+                        )
+                        answers[answer.status_code] += 1
+                        if answer.status_code == 201:
+                            accepted.append(n)
+                        elif down.is_set():
+                            during_outage.append((answer.status_code, time.monotonic() - began))
+                        time.sleep(0.002)
+
+            loader = threading.Thread(target=load)
+            loader.start()
+            while len(accepted) < 200:
+                assert loader.is_alive(), answers
+                time.sleep(0.01)
+            down.set()
+            server.release()  # the last user: stops the server
+            # An outage longer than the API's wait for a connection (1 s here): requests get
+            # quick 503s, claims and outcome writes fail and are retried.
+            deadline = time.monotonic() + 10
+            while not during_outage and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            restarted = EmbeddedPostgres(throwaway_cluster_dir)
+            assert restarted.acquire() == url, "the restarted server must keep its port"
+            down.clear()
+            loader.join(120)
+            wait_all_completed(url, len(accepted), 90, api, worker)
+            health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+            assert health.status_code == 200, health.text
+            api.signal(signal.SIGTERM)
+            worker.signal(signal.SIGTERM)
+            assert api.wait() == 0, api.output()[-3000:]
+            assert worker.wait() == 0, worker.output()[-3000:]
+    finally:
+        if restarted is not None:
+            restarted.release()
+        server.release()
+    # While the database was away, refusals were quick 503s (never a 500, never a hang).
+    assert set(answers) <= {201, 503}, answers
+    assert during_outage, "no request met the outage"
+    assert all(code == 503 and seconds < 3 for code, seconds in during_outage), during_outage
+    ran = Counter(n for n, _ in read_runs(runs))
+    assert set(accepted) <= set(ran), "an accepted job never ran"
+    assert max(ran.values()) == 1, "a job ran twice though no process crashed"
+    print(f"accepted {len(accepted)}, answers {dict(answers)}")
