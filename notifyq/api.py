@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import datetime
 from typing import Any
@@ -24,7 +25,7 @@ import psycopg
 from fastapi import Depends, FastAPI, Query, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -32,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from notifyq import __version__
 from notifyq.db import first_line, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob
+from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
 from notifyq.migrations import latest_version, migrate
 from notifyq.models import (
     MAX_ATTEMPTS_LIMIT,
@@ -52,6 +54,8 @@ from notifyq.worker import Worker
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 2.0
+#: Queue depth is read from the database at most this often, however often /metrics is scraped.
+DEPTH_MAX_AGE = 2.0
 MAX_BATCH = 10_000
 
 # -- request and response models --------------------------------------------------------------
@@ -325,6 +329,7 @@ def create_app(
     """Builds the app. ``settings`` default to the environment's; ``registry`` is what the
     in-process worker serves (default: built-ins and every ``@task``)."""
     settings = settings if settings is not None else Settings.load()
+    metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -336,7 +341,7 @@ def create_app(
                 if not ready.run_worker:
                     yield
                     return
-                worker = Worker(ready, registry)
+                worker = Worker(ready, registry, metrics=metrics)
                 app.state.worker = worker
                 async with anyio.create_task_group() as tg:
                     await tg.start(worker.run)
@@ -375,7 +380,9 @@ def create_app(
         summary="Enqueue a job",
     )
     async def post_job(job: JobIn, request: Request, response: Response) -> EnqueuedOut:
-        result = await _store(request).enqueue(job.spec(settings.default_task))
+        spec = job.spec(settings.default_task)
+        result = await _store(request).enqueue(spec)
+        metrics.enqueued.labels(spec.queue or "default", spec.task or "").inc()
         if result.duplicate:
             response.status_code = status.HTTP_200_OK
         return EnqueuedOut(
@@ -460,6 +467,8 @@ def create_app(
     async def post_batch(batch: BatchIn, request: Request) -> BatchOut:
         specs = [job.spec(settings.default_task) for job in batch.jobs]
         results = await _store(request).enqueue_many(specs)
+        for spec in specs:
+            metrics.enqueued.labels(spec.queue or "default", spec.task or "").inc()
         return BatchOut(
             results=[
                 EnqueuedOut(
@@ -574,6 +583,19 @@ def create_app(
             body["status"] = "not_ready"
             return JSONResponse(body, status_code=503)
         return JSONResponse(body)
+
+    @app.get(
+        "/metrics",
+        dependencies=guard,
+        response_class=PlainTextResponse,
+        summary="Prometheus metrics (text format)",
+    )
+    async def prometheus(request: Request) -> Response:
+        if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
+            with contextlib.suppress(DatabaseUnavailable, psycopg.Error, TimeoutError):
+                with anyio.fail_after(HEALTH_TIMEOUT):
+                    metrics.set_depth(await _store(request).queue_stats())
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(
         "/tasks",

@@ -22,6 +22,7 @@ import anyio
 from notifyq import __version__
 from notifyq.db import redact
 from notifyq.errors import InvalidJob, NotifyQError
+from notifyq.logs import configure as configure_logging
 
 logger = logging.getLogger("notifyq")
 
@@ -101,12 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a standalone worker")
     worker_options(worker)
     worker.add_argument("--burst", action="store_true", help="run until no job is due, then exit")
+    worker.add_argument(
+        "--metrics-port", type=_int, help="serve Prometheus metrics on this port (host: --host)"
+    )
+    worker.add_argument("--host", help="address for --metrics-port (default 127.0.0.1)")
 
     enqueue = commands.add_parser("enqueue", help="enqueue a job and print its id")
     enqueue.add_argument("task", metavar="TASK")
     enqueue.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", default="{}")
-    enqueue.add_argument("--queue", default="default")
-    enqueue.add_argument("--priority", type=_int, default=0)
+    enqueue.add_argument("--queue", help="default: the task's queue, else 'default'")
+    enqueue.add_argument("--priority", type=_int, help="default: the task's, else 0")
     enqueue.add_argument("--delay", type=_seconds, help="seconds before the job may start")
     enqueue.add_argument("--dedup-key")
     enqueue.add_argument("--max-attempts", type=_positive_int)
@@ -151,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
 
+    commands.add_parser("stats", help="a table of the queues and their counts")
+    top = commands.add_parser("top", help="the queues table, refreshed until Ctrl-C")
+    top.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
+
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument(
         "--status", choices=["queued", "processing", "completed", "failed", "cancelled"]
@@ -167,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = _settings(args)
-        _configure_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         command: Callable[[argparse.Namespace, Any], int] = _COMMANDS[args.command]
         if args.command == "dev" and args.reset:
             _reset_embedded(settings)
@@ -178,19 +187,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `notifyq jobs | head`: the reader left; not an error of ours.
+        sys.stdout = open(os.devnull, "w")  # nothing more is written
+        return 0
     except BaseException as exc:
-        error = _first_notifyq_error(exc)
-        if error is None:
+        message = _one_line(exc)
+        if message is None:
             raise
-        print(f"notifyq: error: {error}", file=sys.stderr)
+        print(f"notifyq: error: {message}", file=sys.stderr)
         return EXIT_ERROR
 
 
-def _first_notifyq_error(exc: BaseException) -> NotifyQError | None:
+def _one_line(exc: BaseException) -> str | None:
+    """What to tell the user about ``exc`` (looking inside exception groups), or None for a
+    bug, which keeps its traceback."""
+    import psycopg
+
+    from notifyq.db import first_line
+
     if isinstance(exc, NotifyQError):
-        return exc
+        return str(exc)
+    if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)):
+        return (
+            f"{first_line(exc)}: this database has no notifyq schema, or an older one; "
+            "run `notifyq migrate`"
+        )
+    if isinstance(exc, psycopg.Error):
+        return f"database error: {first_line(exc)}"
     for inner in getattr(exc, "exceptions", ()):
-        found = _first_notifyq_error(inner)
+        found = _one_line(inner)
         if found is not None:
             return found
     return None
@@ -212,17 +238,6 @@ def _settings(args: argparse.Namespace) -> Any:
     if getattr(args, "no_worker", False):
         overrides["run_worker"] = False
     return Settings.load(**overrides)
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    # Its progress lines are printed as they happen (see _database).
-    logging.getLogger("notifyq.embedded").setLevel(logging.WARNING)
 
 
 def _say(message: str) -> None:
@@ -261,7 +276,12 @@ def _database(settings: Any) -> Iterator[Any]:
         # stops it).
         _BEFORE_HARD_EXIT.append(server.release)
         try:
-            yield settings.model_copy(update={"database_url": server.url})
+            ready = settings.model_copy(update={"database_url": server.url})
+            # Zero setup: a fresh embedded server gets its schema whatever the command.
+            from notifyq.migrations import migrate
+
+            anyio.run(lambda: migrate(ready, progress=lambda line: _say(f"notifyq: {line}")))
+            yield ready
         finally:
             _BEFORE_HARD_EXIT.remove(server.release)
 
@@ -311,7 +331,16 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
     async def run() -> None:
         if settings.auto_migrate:
             await migrate(settings)
-        worker = Worker(settings, burst=args.burst)
+        metrics = None
+        if args.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            from notifyq.metrics import Metrics
+
+            metrics = Metrics()
+            start_http_server(args.metrics_port, addr=settings.host, registry=metrics.registry)
+            _say(f"notifyq: metrics at http://{settings.host}:{args.metrics_port}/metrics")
+        worker = Worker(settings, burst=args.burst, metrics=metrics, report_depth=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signals, worker.stop)
             await worker.run()
@@ -397,6 +426,7 @@ def _run_server(settings: Any, banner: list[str]) -> int:
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level.lower(),
+            log_config=None,
             lifespan="on",
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
         )
@@ -544,6 +574,74 @@ def _jobs(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+def _stats(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+
+    async def run() -> list[dict[str, Any]]:
+        async with Queue(settings=settings, pool_size=1) as q:
+            return await q.store.queue_stats()
+
+    for line in _queue_table(anyio.run(run), color=_use_color()):
+        print(line)
+    return 0
+
+
+def _top(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+    from notifyq.errors import DatabaseUnavailable
+
+    color = _use_color()
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+
+    async def run() -> None:
+        async with Queue(settings=settings, pool_size=1) as q:
+            while True:
+                try:
+                    lines = _queue_table(await q.store.queue_stats(), color=color)
+                except DatabaseUnavailable as exc:
+                    lines = [f"database unavailable ({exc}); retrying"]
+                stamp = time.strftime("%H:%M:%S")
+                print(f"{clear}notifyq top  {stamp}  (Ctrl-C quits)\n", flush=False)
+                print("\n".join(lines), flush=True)
+                await anyio.sleep(args.interval)
+
+    try:
+        anyio.run(run)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _use_color() -> bool:
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+
+def _queue_table(rows: list[dict[str, Any]], *, color: bool) -> list[str]:
+    def paint(text: str, code: str, on: bool) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if color and on else text
+
+    if not rows:
+        return ["no queues yet: enqueue a job (notifyq enqueue hello_world)"]
+    header = (
+        f"{'QUEUE':16} {'DUE':>7} {'QUEUED':>7} {'RUNNING':>7} {'COMPLETED':>10} "
+        f"{'FAILED':>7} {'CANCELLED':>9} {'WAIT':>7} {'DONE/MIN':>8}  STATE"
+    )
+    lines = [paint(header, "1", True)]
+    for row in rows:
+        wait = row["oldest_due_seconds"]
+        completed = f"{'~' if row['completed_estimated'] else ''}{row['completed']}"
+        state = paint("paused" if row["paused"] else "active", "33", row["paused"])
+        failed = paint(f"{row['failed']:>7}", "31", row["failed"] > 0)
+        waited = f"{wait:>6.1f}s" if wait is not None else "      -"
+        waited = paint(waited, "33", (wait or 0) > 5)
+        lines.append(
+            f"{row['queue'][:16]:16} {row['due']:>7} {row['queued']:>7} "
+            f"{row['processing']:>7} {completed:>10} {failed} {row['cancelled']:>9} "
+            f"{waited} {row['completed_last_minute']:>8}  {state}"
+        )
+    return lines
+
+
 def _parse_job_id(text: str) -> Any:
     from uuid import UUID
 
@@ -656,6 +754,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "prune": _prune,
     "bench": _bench,
     "dev": _dev,
+    "stats": _stats,
+    "top": _top,
     "retry": _retry,
     "jobs": _jobs,
     "migrate": _migrate,

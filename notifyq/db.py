@@ -92,6 +92,15 @@ async def open_pool(
     DatabaseUnavailable is raised, so a process fails fast when the database is unreachable.
     """
     url = database_url(settings)
+    if wait:
+        # One direct attempt first: it fails at once with the server's own reason, where the
+        # pool would retry (and log) until its timeout.
+        reason = await _why_unreachable(url, settings)
+        if reason is not None:
+            raise DatabaseUnavailable(
+                f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running "
+                "and DATABASE_URL is right"
+            )
     pool: AsyncConnectionPool = AsyncConnectionPool(
         url,
         kwargs=connect_kwargs(settings, f"notifyq-{name}"),
@@ -105,7 +114,7 @@ async def open_pool(
         await pool.open(wait=wait, timeout=settings.connect_timeout + 1)
     except PoolTimeout as exc:
         await pool.close()
-        reason = await _why_unreachable(url, settings)
+        reason = await _why_unreachable(url, settings) or "timed out"
         raise DatabaseUnavailable(
             f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running and "
             "DATABASE_URL is right"
@@ -116,8 +125,8 @@ async def open_pool(
         await pool.close()
 
 
-async def _why_unreachable(url: str, settings: Settings) -> str:
-    """The error of one direct connection attempt: the pool only says it timed out."""
+async def _why_unreachable(url: str, settings: Settings) -> str | None:
+    """Why one direct connection attempt fails, or None when it succeeds."""
     try:
         conn = await psycopg.AsyncConnection.connect(
             url, connect_timeout=max(1, round(settings.connect_timeout))
@@ -125,4 +134,4 @@ async def _why_unreachable(url: str, settings: Settings) -> str:
     except Exception as exc:
         return first_line(exc)
     await conn.close()
-    return "timed out"
+    return None

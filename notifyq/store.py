@@ -30,6 +30,7 @@ class Success:
     job_id: UUID
     attempt: int
     result_json: str
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class Failure:
     error: str
     retryable: bool
     delay: float
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""Tasks: the ``@task`` decorator, the registry a worker serves, retry backoff, and the built-in
-tasks (``hello_world``, ``echo``, ``sleep``, ``fail``)."""
+"""Tasks: the ``@task`` decorator, the registry a worker serves, retry backoff, and the small
+built-in tasks (``hello_world``, ``echo``, ``sleep``, ``fail``; the email, HTTP and file ones
+are in :mod:`notifyq.contrib`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import anyio.to_thread
@@ -23,6 +24,9 @@ from pydantic import BaseModel, ValidationError
 from notifyq.context import JobContext, _current
 from notifyq.errors import PermanentFailure, TaskError
 from notifyq.models import check_name
+
+if TYPE_CHECKING:
+    from notifyq.contrib import ContribSettings
 
 Handler = Callable[[dict[str, Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -406,12 +410,20 @@ async def fail(payload: dict[str, Any]) -> None:
     raise RuntimeError(str(payload.get("message", "failed on purpose")))
 
 
-def builtin_registry() -> Registry:
-    """A new registry holding the built-in tasks."""
-    return Registry([make_task(fn) for fn in (hello_world, echo, sleep, fail)])
+def builtin_registry(contrib: ContribSettings | None = None) -> Registry:
+    """A new registry holding the built-in tasks: hello_world, echo, sleep, fail, and
+    send_email, http_request, file_digest and file_gzip configured by ``contrib`` (default:
+    read from the environment now)."""
+    from notifyq.contrib import ContribSettings, contrib_tasks
+
+    tasks = [make_task(fn) for fn in (hello_world, echo, sleep, fail)]
+    tasks += contrib_tasks(contrib if contrib is not None else ContribSettings.load())
+    return Registry(tasks)
 
 
-def worker_registry(extra: Registry | None = None) -> Registry:
+def worker_registry(
+    extra: Registry | None = None, *, contrib: ContribSettings | None = None
+) -> Registry:
     """What a worker serves: the built-ins, every ``@task``, and ``extra``."""
-    registry = builtin_registry().merged(_registry)
+    registry = builtin_registry(contrib).merged(_registry)
     return registry.merged(extra) if extra is not None else registry

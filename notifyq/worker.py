@@ -16,6 +16,7 @@ then cancel the rest and put them back in the queue at once, inside a shielded s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from cronsim import CronSim
 from notifyq.context import JobContext
 from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
+from notifyq.metrics import Metrics
 from notifyq.models import ClaimedJob, JobStatus, encode_json
 from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, Listener
 from notifyq.settings import Settings
@@ -55,6 +57,8 @@ UNSURE_RECHECK = 0.25
 #: While some task or queue has a limit, claim this often: tokens refill and slots free up
 #: without notifications.
 LIMIT_TICK = 0.25
+#: Seconds between readings of queue depth for a worker's own metrics port.
+DEPTH_INTERVAL = 10.0
 #: How long the final writes of a stopping worker may take.
 FINAL_WRITE_TIMEOUT = 10.0
 MAX_ERROR_LENGTH = 4000
@@ -116,12 +120,18 @@ class Worker:
         *,
         worker_id: str | None = None,
         burst: bool = False,
+        metrics: Metrics | None = None,
+        report_depth: bool = False,
     ) -> None:
         self.settings = settings
         self.registry = registry if registry is not None else worker_registry()
         self.id = worker_id or make_worker_id()
         self.stats = WorkerStats()
         self._burst = burst
+        self._metrics = metrics
+        self._report_depth = report_depth and metrics is not None
+        self._wake_reason = "start"
+        self._connected_once = False
         self._tasks = self.registry.names()
         self._guarded = [t.name for t in self.registry if self._breaker(t) is not None]
         self._next_probe = 0.0
@@ -134,7 +144,8 @@ class Worker:
         self._limits_exist = any(task.limited for task in self.registry)
         self._periodic = [task for task in self.registry if task.cron]
         self._running: dict[UUID, _Running] = {}
-        self._held: dict[UUID, int] = {}
+        # Claimed and not yet written back: the heartbeat renews these leases.
+        self._held: dict[UUID, ClaimedJob] = {}
         self._outbox = _Outbox()
         self._refused: dict[Success, str] = {}
         self._stopping = False
@@ -231,8 +242,10 @@ class Worker:
     # -- producer --------------------------------------------------------------------------
 
     def _on_notification(self, queue: str) -> None:
+        if self._metrics is not None:
+            self._metrics.notifications.inc()
         if self._queues is None or queue in self._queues:
-            self._wake()
+            self._wake("notify")
 
     def _on_cancel(self, job_id: str) -> None:
         for running in self._running.values():
@@ -240,9 +253,10 @@ class Worker:
                 logger.info("job %s: cancel requested; stopping its handler", job_id)
                 running.cancel("cancel")
 
-    def _wake(self) -> None:
+    def _wake(self, reason: str = "other") -> None:
         event = self._wake_event
         if event is not None:
+            self._wake_reason = reason
             self._wake_event = anyio.Event()
             event.set()
 
@@ -282,6 +296,10 @@ class Worker:
                     await wake.wait()
                 continue
             self.stats.claims += 1
+            if self._metrics is not None:
+                found = "yes" if claimed else "no"
+                self._metrics.claims.labels(found, self._wake_reason).inc()
+            self._wake_reason = "loop"
             for job in claimed:
                 self._start(jobs, job)
             if len(claimed) == limit:
@@ -332,8 +350,10 @@ class Worker:
         if self._limits_exist:
             # Tokens refill and limited slots free up without a notification.
             timeout = min(timeout, LIMIT_TICK)
-        with anyio.move_on_after(timeout):
+        with anyio.move_on_after(timeout) as waited:
             await wake.wait()
+        if waited.cancelled_caught:
+            self._wake_reason = "poll"
 
     async def _mark_waiting(self) -> bool:
         """Registers this worker as waiting, so that inserts notify; answers whether the
@@ -360,7 +380,10 @@ class Worker:
     def _on_connect(self) -> None:
         # A reconnect may follow a server restart, which empties the (unlogged) waiting table.
         self._waiting = self._waiting_sure = False
-        self._wake()
+        if self._connected_once and self._metrics is not None:
+            self._metrics.reconnects.inc()
+        self._connected_once = True
+        self._wake("connect")
 
     async def _probe_breakers(self, jobs: TaskGroup) -> None:
         """Once a second: for each task whose breaker is half-open, try to win its probe and
@@ -390,8 +413,12 @@ class Worker:
         task = self.registry.get(job.task)
         assert task is not None, "claimed a task this worker does not serve"
         self._free -= 1
-        self._held[job.id] = job.attempt
+        self._held[job.id] = job
         self.stats.claimed += 1
+        if self._metrics is not None:
+            self._metrics.started.labels(job.queue, job.task).inc()
+            due = max(job.created_at, job.run_at)
+            self._metrics.pickup.labels(job.queue).observe(max(0.0, time.time() - due))
         running = _Running(job)
         self._running[job.id] = running
         jobs.start_soon(self._run_job, running, task, name=f"notifyq job {job.id}")
@@ -424,7 +451,7 @@ class Worker:
                 self._signal_outbox()
             if self._starved:
                 self._starved = False
-                self._wake()
+                self._wake("slot")
             if not self._running:
                 if self._idle_event is not None:
                     self._idle_event.set()
@@ -433,6 +460,15 @@ class Worker:
 
     async def _attempt(self, job: ClaimedJob, task: Task) -> Success | Failure:
         started = time.monotonic()
+        outcome = await self._attempt_timed(job, task, started)
+        seconds = time.monotonic() - started
+        if self._metrics is not None:
+            self._metrics.runtime.labels(job.queue, job.task).observe(seconds)
+        return dataclasses.replace(outcome, seconds=seconds)
+
+    async def _attempt_timed(
+        self, job: ClaimedJob, task: Task, started: float
+    ) -> Success | Failure:
         timed_out = False
         try:
             context = JobContext(
@@ -513,7 +549,7 @@ class Worker:
             batch = list(box.done)
             written = await self._write_batch(self._store.complete, batch, set())
             del box.done[: len(batch)]
-            self._forget(batch, written)
+            self._forget(batch, written, "completed")
             self.stats.completed += len(written)
             # A result the database refused (too large, say) fails its job instead.
             box.failed.extend(
@@ -525,7 +561,7 @@ class Worker:
             batch_f = list(box.failed)
             rows = await self._write_batch(self._store.fail, batch_f, {})
             del box.failed[: len(batch_f)]
-            self._forget(batch_f, set(rows))
+            self._forget(batch_f, rows, "failed")
             retried = sum(1 for status in rows.values() if status is JobStatus.QUEUED)
             self.stats.retried += retried
             self.stats.failed += len(rows) - retried
@@ -535,13 +571,13 @@ class Worker:
             batch_c = list(box.cancelled)
             stopped = await self._write_batch(self._store.cancel_running, batch_c, set())
             del box.cancelled[: len(batch_c)]
-            self._forget(batch_c, stopped)
+            self._forget(batch_c, stopped, "cancelled")
             self.stats.cancelled += len(stopped)
         if box.released:
             batch_r = list(box.released)
             released = await self._write_batch(self._store.release, batch_r, set())
             del box.released[: len(batch_r)]
-            self._forget(batch_r, released)
+            self._forget(batch_r, released, "released")
             self.stats.released += len(released)
 
     async def _write_batch(self, write: Any, batch: list[Any], merged: Any) -> Any:
@@ -573,15 +609,63 @@ class Worker:
             merged |= part
         return merged
 
-    def _forget(self, batch: list[Any], written: set[UUID]) -> None:
+    def _forget(
+        self,
+        batch: list[Any],
+        written: set[UUID] | dict[UUID, JobStatus],
+        kind: str,
+    ) -> None:
+        """Lets go of written jobs (and of those whose write was discarded)."""
         for item in batch:
-            self._held.pop(item.job_id, None)
+            job = self._held.pop(item.job_id, None)
+            if job is not None and item.job_id in written:
+                status = written.get(item.job_id) if isinstance(written, dict) else None
+                self._record(job, kind, status, getattr(item, "seconds", 0.0))
             if item.job_id not in written:
+                if self._metrics is not None:
+                    self._metrics.lost.inc()
                 self.stats.lost += 1
                 logger.warning(
                     "job %s: outcome discarded, this worker no longer holds its lease",
                     item.job_id,
                 )
+
+    def _record(self, job: ClaimedJob, kind: str, status: JobStatus | None, seconds: float) -> None:
+        """Metrics and the job's log line, once its outcome is in the database."""
+        event = kind
+        if kind == "failed" and status is JobStatus.QUEUED:
+            event = "retried"
+        if self._metrics is not None:
+            counter = {
+                "completed": self._metrics.completed,
+                "failed": self._metrics.failed,
+                "retried": self._metrics.retried,
+                "cancelled": self._metrics.cancelled,
+            }.get(event)
+            if counter is not None:
+                counter.labels(job.queue, job.task).inc()
+        if event == "released":
+            return
+        level = logging.WARNING if event == "failed" else logging.INFO
+        if logger.isEnabledFor(level):
+            logger.log(
+                level,
+                "job %s %s (task %s, attempt %d/%d, %.1f ms)",
+                job.id,
+                event,
+                job.task,
+                job.attempt,
+                job.max_attempts,
+                seconds * 1000,
+                extra={
+                    "job_id": str(job.id),
+                    "task": job.task,
+                    "queue": job.queue,
+                    "attempt": job.attempt,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "event": event,
+                },
+            )
 
     async def _final_writes(self) -> None:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
@@ -592,9 +676,9 @@ class Worker:
         box = self._outbox
         pending = {s.job_id for s in box.done} | {f.job_id for f in box.failed}
         pending |= {h.job_id for h in (*box.released, *box.cancelled)}
-        for job_id, attempt in self._held.items():
+        for job_id, job in self._held.items():
             if job_id not in pending:
-                self._outbox.released.append(Held(job_id, attempt))
+                self._outbox.released.append(Held(job_id, job.attempt))
         if not self._outbox:
             return
         try:
@@ -641,14 +725,15 @@ class Worker:
         assert self._store is not None
         if not self._held:
             return
-        snapshot = [Held(job_id, attempt) for job_id, attempt in self._held.items()]
+        snapshot = [Held(job_id, job.attempt) for job_id, job in self._held.items()]
         still = await self._store.extend_leases(self.id, snapshot, self.settings.lease_seconds)
         for job_id, cancel_requested in still.items():
             running = self._running.get(job_id)
             if cancel_requested and running is not None:
                 running.cancel("cancel")
         for held in snapshot:
-            if held.job_id in still or self._held.get(held.job_id) != held.attempt:
+            current = self._held.get(held.job_id)
+            if held.job_id in still or current is None or current.attempt != held.attempt:
                 continue
             running = self._running.get(held.job_id)
             if running is not None:
@@ -669,6 +754,8 @@ class Worker:
         rescued = await self._store.rescue_expired()
         if rescued:
             self.stats.rescued += len(rescued)
+            if self._metrics is not None:
+                self._metrics.rescued.inc(len(rescued))
             logger.warning(
                 "rescued %d job(s) whose worker stopped renewing its lease", len(rescued)
             )
@@ -681,15 +768,22 @@ class Worker:
         table stays small. Every worker does it; SKIP LOCKED keeps them out of each other's way.
         """
         assert self._store is not None
+        next_prune = 0.0
         while True:
             try:
-                deleted = await prune(self._store, self.settings)
-                if deleted:
-                    logger.info("retention: deleted %d finished job(s)", deleted)
-                await self._store.prune_ticks()
+                if time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + self.settings.prune_interval
+                    deleted = await prune(self._store, self.settings)
+                    if deleted:
+                        logger.info("retention: deleted %d finished job(s)", deleted)
+                    await self._store.prune_ticks()
+                if self._report_depth:
+                    assert self._metrics is not None
+                    self._metrics.set_depth(await self._store.queue_stats())
             except (DatabaseUnavailable, psycopg.Error) as exc:
-                logger.warning("retention pass failed: %s", first_line(exc))
-            await anyio.sleep(self.settings.prune_interval)
+                logger.warning("housekeeping failed: %s", first_line(exc))
+            pause = max(next_prune - time.monotonic(), 0.05)
+            await anyio.sleep(min(pause, DEPTH_INTERVAL) if self._report_depth else pause)
 
     async def _schedule(self) -> None:
         """Enqueues periodic tasks on their ticks. Every worker tries every tick; the tick's row
