@@ -263,7 +263,7 @@ RETURNING name;
 
 -- name: list_tasks
 SELECT name, max_attempts, options, updated_at, breaker_threshold, breaker_cooldown,
-       consecutive_failures, breaker_open_until,
+       consecutive_failures, breaker_open_until, max_concurrency, rate_limit,
        CASE WHEN breaker_open_until IS NULL THEN 'closed'
             WHEN breaker_open_until > now() THEN 'open'
             ELSE 'half_open' END AS breaker_state

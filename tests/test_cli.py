@@ -1,0 +1,289 @@
+"""The notifyq command, as a user runs it: real processes, real databases."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import ROOT, notifyq_env, processes
+
+
+def notifyq(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "notifyq", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The failure's stderr, which must be exactly one line starting with notifyq: error:."""
+    assert done.returncode != 0, done
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("notifyq: error: "), lines[0]
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_migrate_twice_at_once_then_again(empty_db_url: str) -> None:
+    env = notifyq_env(empty_db_url)
+    both = [
+        subprocess.Popen(
+            [sys.executable, "-m", "notifyq", "migrate"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=60) for p in both]
+    assert [p.returncode for p in both] == [0, 0], outputs
+    again = notifyq("migrate", env=env)
+    assert again.returncode == 0
+    assert "nothing to apply" in again.stderr
+
+
+def test_enqueue_and_status(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    done = notifyq("enqueue", "echo", '{"n": 1}', "--priority", "4", "--delay", "60", env=env)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    uuid.UUID(job_id)
+    dup1 = notifyq("enqueue", "echo", "{}", "--dedup-key", "k", env=env).stdout.strip()
+    dup2 = notifyq("enqueue", "echo", '{"v": 2}', "--dedup-key", "k", env=env)
+    assert dup2.stdout.strip() == dup1 and "replaced" in dup2.stderr
+    status = notifyq("status", job_id, env=env)
+    assert status.returncode == 0, status.stderr
+    job = json.loads(status.stdout)
+    assert (job["task"], job["payload"], job["priority"], job["status"]) == (
+        "echo",
+        {"n": 1},
+        4,
+        "queued",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["enqueue", "echo", "{not json"], "not valid JSON"),
+        (["enqueue", "echo", "[1, 2]"], "must be a JSON object"),
+        (["enqueue", "", "{}"], "task must be a non-empty string"),
+        (["enqueue", "echo", '{"a": "\\u0000"}'], "NUL"),
+        (["status", "not-a-uuid"], "is not a job id"),
+        (["status", "00000000-0000-0000-0000-000000000000"], "no job with id"),
+        (["retry"], "name JOB_IDs"),
+        (["cancel", "00000000-0000-0000-0000-000000000000"], "could not be cancelled"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragment: str) -> None:
+    assert fragment in one_line_error(notifyq(*args, env=notifyq_env(db_url)))
+
+
+def test_usage_errors_exit_2(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    for args in (["no-such-command"], ["worker", "--concurrency", "0"], ["enqueue"]):
+        done = notifyq(*args, env=env)
+        assert done.returncode == 2, done
+        assert "Traceback" not in done.stderr
+
+
+def test_an_unreachable_database_is_one_line_and_quick() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = notifyq_env(f"postgresql://postgres@127.0.0.1:{port}/nothing")
+    for args in (["migrate"], ["worker"], ["serve"], ["enqueue", "echo"], ["stats"]):
+        began = time.monotonic()
+        line = one_line_error(notifyq(*args, env=env))
+        assert "cannot connect" in line and "DATABASE_URL" in line
+        assert time.monotonic() - began < 10
+
+
+def test_a_database_without_the_schema_says_to_migrate(empty_db_url: str) -> None:
+    line = one_line_error(notifyq("jobs", env=notifyq_env(empty_db_url)))
+    assert "notifyq migrate" in line
+
+
+def test_bad_settings_name_the_variable(db_url: str) -> None:
+    env = notifyq_env(db_url, NOTIFYQ_CONCURRENCY="lots")
+    assert "NOTIFYQ_CONCURRENCY" in one_line_error(notifyq("worker", env=env))
+
+
+def test_operator_commands(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    failing = notifyq("enqueue", "fail", '{"message": "boom"}', "--max-attempts", "1", env=env)
+    queued = notifyq("enqueue", "echo", "{}", "--queue", "mail", env=env).stdout.strip()
+    assert notifyq("worker", "--burst", "--queues", "default", env=env).returncode == 0
+    jobs = notifyq("jobs", "--status", "failed", env=env)
+    assert failing.stdout.strip() in jobs.stdout and "RuntimeError: boom" in jobs.stdout
+    as_json = [json.loads(line) for line in notifyq("jobs", "--json", env=env).stdout.splitlines()]
+    assert {job["job_id"] for job in as_json} == {failing.stdout.strip(), queued}
+    stats = notifyq("stats", env=env).stdout
+    assert "mail" in stats and "default" in stats
+    tasks = notifyq("tasks", env=env).stdout
+    assert "send_email" in tasks and "hello_world" in tasks
+    cancelled = notifyq("cancel", queued, env=env)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    retried = notifyq("retry", failing.stdout.strip(), env=env)
+    assert retried.returncode == 0 and "requeued 1 job(s)" in retried.stdout
+
+
+def test_top_refreshes_until_interrupted(db_url: str, tmp_path: Path) -> None:
+    with processes(tmp_path) as start:
+        top = start("top", "--interval", "0.1", env=notifyq_env(db_url))
+        top.wait_for_output("notifyq top")
+        deadline = time.monotonic() + 10
+        while top.output().count("notifyq top") < 3:
+            assert time.monotonic() < deadline, top.output()
+            time.sleep(0.05)
+        top.signal(signal.SIGINT)
+        assert top.wait() in (0, 130)
+
+
+def test_json_logs_carry_the_job_fields(db_url: str) -> None:
+    env = notifyq_env(db_url, NOTIFYQ_LOG_FORMAT="json")
+    notifyq("enqueue", "hello_world", '{"secret": "do-not-log"}', env=env)
+    done = notifyq("worker", "--burst", env=env)
+    assert done.returncode == 0, done.stderr
+    entries = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert entries, done.stderr
+    event = next(e for e in entries if e.get("event") == "completed")
+    assert {
+        "ts",
+        "level",
+        "logger",
+        "message",
+        "job_id",
+        "task",
+        "queue",
+        "attempt",
+        "duration_ms",
+    } <= set(event)
+    assert event["task"] == "hello_world" and event["attempt"] == 1
+    assert "do-not-log" not in done.stderr
+
+
+def test_serve_exposes_metrics_and_stops_on_sigterm(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    with processes(tmp_path) as start:
+        server = start("serve", "--port", str(port), env=notifyq_env(db_url))
+        server.wait_for_output("Application startup complete")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            job_id = client.post("/jobs", json={"payload": {"n": 1}}).json()["job_id"]
+            deadline = time.monotonic() + 10
+            while client.get(f"/jobs/{job_id}").json()["status"] != "completed":
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            text = client.get("/metrics").text
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.output()
+    assert 'notifyq_jobs_completed_total{queue="default",task="echo"} 1.0' in text
+    assert 'notifyq_jobs_enqueued_total{queue="default",task="echo"} 1.0' in text
+    assert "notifyq_pickup_latency_seconds_bucket" in text
+    assert 'notifyq_queue_jobs{queue="default",status="completed"} 1.0' in text
+
+
+def test_a_worker_serves_metrics_on_its_own_port(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    with processes(tmp_path) as start:
+        worker = start("worker", "--metrics-port", str(port), env=notifyq_env(db_url))
+        worker.wait_for_output("ready")
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+    assert "notifyq_claims_total" in text
+
+
+@pytest.fixture
+def embedded_home() -> Iterator[Path]:
+    """A data folder for a `notifyq dev` of this test's own. As root it cannot be under tmp_path
+    (private to root): the server's unprivileged account must reach it."""
+    folder = Path(tempfile.mkdtemp(prefix="notifyq-dev-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _postmaster_alive(data: Path) -> bool:
+    pid_files = list(data.rglob("postmaster.pid"))
+    for pid_file in pid_files:
+        pid = int(pid_file.read_text().split("\n", 1)[0])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().rpartition(")")[2].split()[0] == "Z":
+            continue
+        return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_dev_with_no_database_url_runs_and_leaves_no_server(
+    embedded_home: Path, tmp_path: Path, stop: int
+) -> None:
+    env = notifyq_env("", NOTIFYQ_DATA_DIR=str(embedded_home))
+    del env["DATABASE_URL"]
+    port = free_port()
+    with processes(tmp_path) as start:
+        dev = start("dev", "--port", str(port), env=env, name="dev")
+        dev.wait_for_output("Application startup complete", timeout=60)
+        output = dev.output()
+        assert f"http://127.0.0.1:{port}/docs" in output
+        assert str(embedded_home) in output
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            answer = client.post("/jobs", json={"task": "hello_world", "payload": {}})
+            job_id = answer.json()["job_id"]
+            deadline = time.monotonic() + 10
+            while (job := client.get(f"/jobs/{job_id}").json())["status"] != "completed":
+                assert time.monotonic() < deadline, job
+                time.sleep(0.02)
+        assert job["result"] == {"message": "Hello, world!"}
+        assert _postmaster_alive(embedded_home)
+        dev.signal(stop)
+        assert dev.wait(timeout=30) == 0, dev.output()
+    deadline = time.monotonic() + 10
+    while _postmaster_alive(embedded_home):
+        assert time.monotonic() < deadline, "the embedded PostgreSQL outlived notifyq dev"
+        time.sleep(0.05)
+    # The data stays: the job is still there next time.
+    env_again = dict(env)
+    done = notifyq("status", job_id, env=env_again)
+    assert done.returncode == 0 and json.loads(done.stdout)["status"] == "completed"
+    assert not _postmaster_alive(embedded_home)
+
+
+def test_dev_reset_refuses_with_a_database_url(db_url: str) -> None:
+    assert "--reset" in one_line_error(notifyq("dev", "--reset", env=notifyq_env(db_url)))
