@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -9,11 +10,13 @@ from typing import Any
 from uuid import UUID
 
 import anyio
+import anyio.to_thread
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.db import open_pool
-from notifyq.errors import ConfigurationError, InvalidJob, JobNotFound
+from notifyq.errors import InvalidJob, JobNotFound
+from notifyq.migrations import migrate
 from notifyq.models import EnqueueResult, Job, JobSpec
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
@@ -33,7 +36,8 @@ _SPEC_KEYS = {
 class Queue:
     """A handle on a notifyq database for submitting and reading jobs.
 
-    Open it with ``async with``; it holds a small connection pool. Every ``enqueue`` takes
+    Open it with ``async with``; it holds a small connection pool. Without a URL it uses
+    DATABASE_URL, or else the embedded PostgreSQL that ``notifyq dev`` runs. Every ``enqueue`` takes
     ``conn=``: a psycopg ``AsyncConnection`` of the caller, in which case the job is written in
     the caller's transaction and becomes visible, and wakes workers, only when it commits.
     """
@@ -49,18 +53,28 @@ class Queue:
             settings = Settings.load(database_url=database_url)
         elif database_url is not None:
             settings = settings.model_copy(update={"database_url": database_url})
-        if not settings.database_url:
-            raise ConfigurationError("Queue needs a database URL (or DATABASE_URL to be set)")
         self._settings = settings.model_copy(update={"pool_size": pool_size})
         self._pool: AsyncConnectionPool | None = None
         self._store: Store | None = None
-        self._close: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self) -> Queue:
-        pool_cm = open_pool(self._settings, name="client", min_size=1)
-        self._pool = await pool_cm.__aenter__()
-        self._close = pool_cm.__aexit__
-        self._store = Store(self._pool, default_max_attempts=explicit_max_attempts(self._settings))
+        async with contextlib.AsyncExitStack() as stack:
+            settings = self._settings
+            if not settings.database_url:
+                # No URL anywhere: join (or start) the embedded server, as `notifyq dev` does.
+                from notifyq.embedded import EmbeddedPostgres
+
+                server = EmbeddedPostgres(settings.data_dir)
+                url = await anyio.to_thread.run_sync(server.acquire)
+                stack.push_async_callback(anyio.to_thread.run_sync, server.release)
+                settings = settings.model_copy(update={"database_url": url})
+                await migrate(settings)  # a fresh embedded server has no schema yet
+            self._pool = await stack.enter_async_context(
+                open_pool(settings, name="client", min_size=1)
+            )
+            self._store = Store(self._pool, default_max_attempts=explicit_max_attempts(settings))
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -69,9 +83,9 @@ class Queue:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        close, self._close, self._store = self._close, None, None
-        if close is not None:
-            await close(exc_type, exc, tb)
+        stack, self._stack, self._store = self._stack, None, None
+        if stack is not None:
+            await stack.__aexit__(exc_type, exc, tb)
 
     @property
     def store(self) -> Store:

@@ -41,7 +41,7 @@ def connect_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
     return {
         "autocommit": True,
         "application_name": application_name,
-        "connect_timeout": max(1, round(settings.connect_timeout)),
+        "connect_timeout": max(1, round(settings.connect_wait)),
         "keepalives": 1,
         "keepalives_idle": 5,
         "keepalives_interval": 2,
@@ -108,10 +108,10 @@ async def open_pool(
         max_size=max_size or max(min_size, settings.pool_size),
         open=False,
         name=f"notifyq-{name}",
-        timeout=settings.connect_timeout,
+        timeout=settings.connect_wait,
     )
     try:
-        await pool.open(wait=wait, timeout=settings.connect_timeout + 1)
+        await pool.open(wait=wait, timeout=settings.connect_wait + 1)
     except PoolTimeout as exc:
         await pool.close()
         reason = await _why_unreachable(url, settings) or "timed out"
@@ -129,7 +129,7 @@ async def _why_unreachable(url: str, settings: Settings) -> str | None:
     """Why one direct connection attempt fails, or None when it succeeds."""
     try:
         conn = await psycopg.AsyncConnection.connect(
-            url, connect_timeout=max(1, round(settings.connect_timeout))
+            url, connect_timeout=max(1, round(settings.connect_wait))
         )
     except Exception as exc:
         return first_line(exc)

@@ -48,7 +48,7 @@ async def migrate(
             url,
             autocommit=True,
             application_name="notifyq-migrate",
-            connect_timeout=max(1, round(settings.connect_timeout)),
+            connect_timeout=max(1, round(settings.connect_wait)),
             options="-c statement_timeout=0",
         )
     except psycopg.OperationalError as exc:

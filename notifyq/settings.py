@@ -75,7 +75,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds a query may run before PostgreSQL cancels it; default one heartbeat.",
     )
-    connect_timeout: float = Field(default=5.0, gt=0, le=300)
+    connect_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        le=300,
+        description="Seconds to wait for a connection (and, in the API, for a free pooled "
+        "one); default 5, or a third of the lease when that is shorter.",
+    )
     default_task: str = Field(default="echo", min_length=1, max_length=200)
     max_attempts: int = Field(default=3, ge=1, le=1000)
     retry_base: float = Field(default=1.0, ge=0)
@@ -154,7 +160,20 @@ class Settings(BaseSettings):
                 f"NOTIFYQ_LEASE_SECONDS={self.lease_seconds:g}, or a stuck heartbeat outlives "
                 "the lease"
             )
+        if self.connect_timeout is not None and self.connect_timeout > self.lease_seconds / 2:
+            raise ValueError(
+                f"NOTIFYQ_CONNECT_TIMEOUT={self.connect_timeout:g} must be at most half of "
+                f"NOTIFYQ_LEASE_SECONDS={self.lease_seconds:g}, or a reconnecting heartbeat "
+                "outlives the lease"
+            )
         return self
+
+    @property
+    def connect_wait(self) -> float:
+        """Seconds to wait for a connection."""
+        if self.connect_timeout is not None:
+            return self.connect_timeout
+        return min(5.0, max(1.0, self.lease_seconds / 3))
 
     @property
     def heartbeat(self) -> float:
