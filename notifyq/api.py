@@ -16,7 +16,8 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 from uuid import UUID
 
 import anyio
@@ -25,8 +26,9 @@ import psycopg
 from fastapi import Depends, FastAPI, Query, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -255,6 +257,13 @@ class QueueOut(BaseModel):
     paused: bool
     notify: bool = Field(description="Whether inserts wake workers (else they poll).")
     rate_limit: float | None = Field(description="Jobs per second across all workers.")
+
+
+RetryableStatus = Literal["failed", "cancelled"]
+
+
+class RetriedOut(BaseModel):
+    requeued: int = Field(description="Jobs put back in the queue.")
 
 
 class ReadyOut(BaseModel):
@@ -597,6 +606,29 @@ def create_app(
                     metrics.set_depth(await _store(request).queue_stats())
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.post(
+        "/jobs/retry",
+        response_model=RetriedOut,
+        dependencies=guard,
+        summary="Requeue every failed (or cancelled) job of a queue or task",
+    )
+    async def retry_jobs(
+        request: Request,
+        status_: RetryableStatus = Query(
+            "failed", alias="status", description="failed or cancelled"
+        ),
+        queue: str | None = Query(None, max_length=MAX_NAME_LENGTH),
+        task: str | None = Query(None, max_length=MAX_NAME_LENGTH),
+    ) -> RetriedOut:
+        count = await _store(request).retry_jobs(status=JobStatus(status_), queue=queue, task=task)
+        return RetriedOut(requeued=count)
+
+    @app.get("/dashboard", include_in_schema=False)
+    async def dashboard() -> FileResponse:
+        return FileResponse(STATIC / "dashboard.html", headers=_DASHBOARD_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
     @app.get(
         "/tasks",
         response_model=list[TaskOut],
@@ -686,8 +718,29 @@ def _store(request: Request) -> Store:
 # -- auth ---------------------------------------------------------------------------------
 
 
-#: Open with a token set: liveness, and the API's own documentation (it holds no job data).
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+#: Open with a token set: liveness, the API's own documentation, and the dashboard's page and
+#: assets (none holds job data; the page asks for the token and sends it with every call).
+OPEN_PATHS = frozenset(
+    {
+        "/health",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+        "/dashboard",
+        "/static/dashboard.js",
+        "/static/dashboard.css",
+    }
+)
+STATIC = Path(__file__).resolve().parent / "static"
+#: The dashboard runs only its own script and talks only to this API.
+_DASHBOARD_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+}
 
 #: Declares the bearer scheme in the OpenAPI document (so /docs can send it); TokenGuard
 #: enforces it.

@@ -745,7 +745,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     argv = list(args.bench_args)
     if settings.database_url and "--database-url" not in argv:
         argv = ["--database-url", settings.database_url, *argv]
-    return bench.main(argv)
+    code: int = bench.main(argv)
+    return code
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
