@@ -26,6 +26,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -851,12 +852,26 @@ def _ticks(cron: str, after: datetime, until: datetime) -> list[datetime]:
     return found[-100:]
 
 
+def _short_path(filename: str) -> str:
+    """A source path without the machine's folders: from the package root of an installed
+    module, else relative to the working folder, else the last two parts."""
+    path = Path(filename)
+    parts = path.parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1 :])
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return "/".join(parts[-2:])
+
+
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:
     """``Type: message``, then (optionally) where it was raised; bounded and free of NUL."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if with_traceback and exc.__traceback__ is not None:
         frames = traceback.extract_tb(exc.__traceback__)[-3:]
-        where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
+        where = "; ".join(f"{_short_path(f.filename)}:{f.lineno} in {f.name}" for f in frames)
         text = f"{text}\n  at {where}"
     text = text.replace("\x00", "\\0")
     if len(text) > MAX_ERROR_LENGTH:
