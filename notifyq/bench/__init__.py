@@ -1,0 +1,26 @@
+"""``notifyq bench``: measures notifyq against the targets of its performance issue.
+
+The scenarios (``latency``, ``throughput``, ``api``, ``batch``, ``insert-trigger``, ``history``,
+``memory`` and ``concurrency``) run against scratch databases that the bench creates on the
+server it is given and drops at the end. Each figure is measured ``--repeat`` times and reported
+as median [min-max] next to its target and, where there is one, next to a floor measured in the
+same run: a bare psycopg loop for the worker and a bare FastAPI endpoint for the API.
+
+Importing this package does nothing; :func:`main` is the entry point (``python -m notifyq.bench``
+or ``notifyq bench``). The handlers that the bench's workers run live in
+:mod:`notifyq.bench.tasks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the bench with command-line arguments ``argv`` (everything after ``notifyq bench``)
+    and answers the exit code."""
+    from notifyq.bench.runner import main as run
+
+    return run(argv)

@@ -1,0 +1,140 @@
+"""The floor: a bare psycopg queue loop with no notifyq code in it.
+
+One process, one autocommit connection that also LISTENs. It claims a batch with one
+``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) UPDATE ... RETURNING`` statement,
+"runs" each job (records the wall-clock time, like the bench's stamp handler), and writes the
+batch's completions in one fenced UPDATE; when a claim comes back short it waits for a
+notification. It works on ``bench.jobs``, a table shaped like ``notifyq.jobs`` (same columns,
+indexes, fillfactor and statement-level notify trigger), which :data:`SCHEMA` creates.
+
+Run as ``python -m notifyq.bench.bare CONNINFO --batch N``; it prints ``ready`` on stderr once
+it listens, and runs until it is terminated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+CHANNEL = "bench"
+
+SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE TABLE bench.jobs (
+    id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    task             text NOT NULL,
+    queue            text NOT NULL DEFAULT 'default',
+    payload          jsonb NOT NULL DEFAULT '{}'::jsonb,
+    status           text NOT NULL DEFAULT 'queued',
+    priority         integer NOT NULL DEFAULT 0,
+    run_at           timestamptz NOT NULL DEFAULT now(),
+    attempt_count    integer NOT NULL DEFAULT 0,
+    max_attempts     integer NOT NULL DEFAULT 1,
+    dedup_key        text,
+    result           jsonb,
+    last_error       text,
+    errors           jsonb NOT NULL DEFAULT '[]'::jsonb,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    worker_id        text,
+    lease_expires_at timestamptz
+) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 1);
+CREATE INDEX ON bench.jobs (priority DESC, run_at, id) WHERE status = 'queued';
+CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued';
+CREATE INDEX ON bench.jobs (lease_expires_at) WHERE status = 'processing';
+CREATE UNIQUE INDEX ON bench.jobs (queue, dedup_key)
+    WHERE status = 'queued' AND dedup_key IS NOT NULL;
+CREATE INDEX ON bench.jobs (created_at DESC, id DESC);
+CREATE INDEX ON bench.jobs (status, task, created_at DESC) WHERE status IN ('failed', 'cancelled');
+CREATE INDEX ON bench.jobs (finished_at) WHERE status IN ('completed', 'failed', 'cancelled');
+CREATE FUNCTION bench.notify_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('bench', q) FROM (SELECT DISTINCT queue AS q FROM inserted) AS s;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON bench.jobs
+    REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION bench.notify_inserted();
+"""
+
+CLAIM = """
+WITH picked AS (
+    SELECT id FROM bench.jobs
+    WHERE status = 'queued' AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE bench.jobs AS j
+SET status = 'processing', attempt_count = j.attempt_count + 1, started_at = now(),
+    worker_id = %(worker)s, lease_expires_at = now() + interval '30 seconds'
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.attempt_count, j.payload
+"""
+
+COMPLETE = """
+UPDATE bench.jobs AS j
+SET status = 'completed', result = d.result, finished_at = now(), lease_expires_at = NULL
+FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
+     AS d(id, attempt, result)
+WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker)s
+  AND j.attempt_count = d.attempt
+"""
+
+
+def run(conninfo: str, batch: int, poll: float = 1.0) -> None:
+    """Claims and completes jobs of ``bench.jobs`` until the process is terminated."""
+    worker = f"bare:{os.getpid()}"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"LISTEN {CHANNEL}")
+        print("bare loop ready", file=sys.stderr, flush=True)
+        while True:
+            rows: list[Any] = conn.execute(
+                CLAIM, {"limit": batch, "worker": worker}, prepare=True
+            ).fetchall()
+            if rows:
+                started = json.dumps({"t": time.time()})
+                conn.execute(
+                    COMPLETE,
+                    {
+                        "ids": [row[0] for row in rows],
+                        "attempts": [row[1] for row in rows],
+                        "results": [started] * len(rows),
+                        "worker": worker,
+                    },
+                    prepare=True,
+                )
+                if len(rows) == batch:
+                    continue
+            # Notifications that came in during the claim wait in psycopg's backlog, so one
+            # that arrived after the claim started is not missed here.
+            for _ in conn.notifies(timeout=poll, stop_after=1):
+                pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m notifyq.bench.bare")
+    parser.add_argument("conninfo")
+    parser.add_argument("--batch", type=int, default=50)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        run(args.conninfo, args.batch)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The benchmark harness runs end to end: a quick run of two scenarios exits 0, writes its JSON
+and leaves no scratch database or process behind. Speed is not asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from notifyq.settings import DEFAULT_LOCAL_URL
+from tests.helpers import ROOT
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
+    url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+    out = tmp_path / "out.json"
+    env = {**os.environ, "DATABASE_URL": url}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "notifyq.bench",
+            "--quick",
+            "--scenario",
+            "latency,throughput",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pickup latency" in done.stdout  # the table
+
+    results = json.loads(out.read_text())
+    assert {"meta", "figures", "scenarios", "notes", "table_markdown"} <= set(results)
+    assert results["meta"]["scenarios"] == ["latency", "throughput"]
+    assert results["meta"]["failed"] == []
+    assert {"latency", "throughput"} <= set(results["scenarios"])
+    figures = {f["key"]: f for f in results["figures"]}
+    for key in (
+        "latency.idle.p50",
+        "latency.idle.p99",
+        "latency.burst.p99",
+        "throughput.bare",
+        "throughput.one",
+        "throughput.one_vs_bare",
+        "throughput.two",
+        "throughput.two_vs_one",
+    ):
+        figure = figures[key]
+        assert {"values", "median", "min", "max", "target", "met", "unit", "label"} <= set(figure)
+        assert len(figure["values"]) == 1  # --quick runs each figure once
+        assert figure["median"] is not None and figure["median"] > 0
+    assert figures["latency.idle.p50"]["floor_median"] is not None  # the bare loop ran too
+
+    scratch = results["meta"]["scratch_databases"]
+    assert scratch and all(name.startswith("notifyq_bench_") for name in scratch)
+    with psycopg.connect(url, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)", [scratch]
+        ).fetchall()
+        backends = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)", [scratch]
+        ).fetchone()
+    assert left == []
+    assert backends == (0,)
+    assert _processes_mentioning(scratch) == []
+
+
+def _processes_mentioning(names: list[str]) -> list[int]:
+    """Pids of processes whose command line or environment names one of ``names`` (every
+    process the bench starts has its scratch database in one or the other)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        for part in ("cmdline", "environ"):
+            try:
+                text = (proc / part).read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if any(name in text for name in names):
+                found.append(int(proc.name))
+                break
+    return found
+
+
+def test_bench_refuses_an_unknown_scenario() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "notifyq.bench", "--scenario", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unknown scenario" in done.stderr
