@@ -119,7 +119,9 @@ class Store:
         self, spec: JobSpec, *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> EnqueueResult:
         params = _spec_params(spec) | {"fallback": self._default_max_attempts}
-        row = await self._run("enqueue", params, what="enqueue", fetch="one", conn=conn)
+        # Without a dedup key or a task to resolve in SQL, a plain INSERT does it.
+        query = "enqueue_plain" if spec.dedup_key is None and spec.task is not None else "enqueue"
+        row = await self._run(query, params, what="enqueue", fetch="one", conn=conn)
         return EnqueueResult(row[0], JobStatus(row[2]), row[1], row[3], row[4])
 
     async def enqueue_many(

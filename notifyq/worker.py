@@ -647,7 +647,8 @@ class Worker:
                 counter.labels(job.queue, job.task).inc()
         if event == "released":
             return
-        level = logging.WARNING if event == "failed" else logging.INFO
+        # Completions are the bulk (thousands a second): DEBUG. Metrics count them.
+        level = {"failed": logging.WARNING, "completed": logging.DEBUG}.get(event, logging.INFO)
         if logger.isEnabledFor(level):
             logger.log(
                 level,

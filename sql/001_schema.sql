@@ -148,7 +148,8 @@ $$;
 
 CREATE TRIGGER jobs_fill_defaults
     BEFORE INSERT ON notifyq.jobs
-    FOR EACH ROW EXECUTE FUNCTION notifyq.fill_job_defaults_v1();
+    FOR EACH ROW WHEN (NEW.task IS NULL OR NEW.max_attempts IS NULL)
+    EXECUTE FUNCTION notifyq.fill_job_defaults_v1();
 
 -- Tells listening workers that these queues have new work. The payload is the queue name only:
 -- workers always read jobs from the table. PostgreSQL folds identical notifications of one
@@ -226,16 +227,17 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_queues text[];
 BEGIN
-    SELECT array_agg(DISTINCT queue) INTO v_queues FROM inserted;
-    IF v_queues IS NULL THEN
+    PERFORM pg_advisory_xact_lock_shared(1852899330);
+    -- The common case under load: every worker is busy. Measured with 8 clients of single-row
+    -- inserts, this early exit costs 2% where the full check below cost 40%.
+    IF NOT EXISTS (SELECT 1 FROM notifyq.waiting_workers WHERE expires_at > now()) THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(1852899330);
     SELECT array_agg(q) INTO v_queues
-    FROM unnest(v_queues) AS q
+    FROM (SELECT DISTINCT queue AS q FROM inserted) AS s
     WHERE EXISTS (SELECT 1 FROM notifyq.waiting_workers AS w
-                  WHERE w.queues IS NULL OR q = ANY(w.queues))
-      AND NOT EXISTS (SELECT 1 FROM notifyq.queues AS x WHERE x.name = q AND NOT x.notify);
+                  WHERE w.expires_at > now() AND (w.queues IS NULL OR s.q = ANY(w.queues)))
+      AND NOT EXISTS (SELECT 1 FROM notifyq.queues AS x WHERE x.name = s.q AND NOT x.notify);
     IF v_queues IS NOT NULL THEN
         PERFORM notifyq.wake_v1(v_queues);
     END IF;
@@ -455,6 +457,55 @@ BEGIN
 END;
 $$;
 
+-- Claims up to p_limit due jobs of p_tasks (and p_queues, when given) in one statement, highest
+-- priority first. SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each
+-- other; the row locks last only for this statement, never while the job runs. Tasks whose
+-- circuit breaker is open are skipped (unless p_probe: a worker holding that task's probe);
+-- paused queues are skipped; jobs under a concurrency or rate limit are left to
+-- claim_limited_v1.
+--
+-- The settings pin the plan: walk jobs_claim_idx in order and stop after p_limit rows. Right
+-- after a bulk insert the statistics are stale, and with a large history they are large; in
+-- both cases the planner preferred a bitmap scan of every queued row and a sort (48 ms for a
+-- claim of 50 out of 50,000 queued), and a cached generic plan joined the UPDATE by a
+-- sequential scan.
+CREATE FUNCTION notifyq.claim_v1(
+    p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease float8,
+    p_probe boolean
+) RETURNS TABLE (id uuid, task text, queue text, payload jsonb, priority integer,
+                 attempt_count integer, max_attempts integer, created_at float8, run_at float8)
+LANGUAGE sql
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_custom_plan
+AS $$
+    WITH picked AS (
+        SELECT j.id
+        FROM notifyq.jobs AS j
+        WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
+          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
+          AND (p_probe OR j.task NOT IN (SELECT name FROM notifyq.tasks
+                                         WHERE breaker_open_until IS NOT NULL))
+          AND j.queue NOT IN (SELECT name FROM notifyq.queues
+                              WHERE paused OR rate_limit IS NOT NULL)
+          AND j.task NOT IN (SELECT name FROM notifyq.tasks
+                             WHERE max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE notifyq.jobs AS j
+    SET status = 'processing',
+        attempt_count = j.attempt_count + 1,
+        started_at = now(),
+        finished_at = NULL,
+        worker_id = p_worker_id,
+        lease_expires_at = now() + make_interval(secs => p_lease)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
+              extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.run_at)::float8;
+$$;
+
 -- The SQL face of the queue: SELECT notifyq.enqueue('echo', '{"n": 1}') returns the job id.
 CREATE FUNCTION notifyq.enqueue(
     task text,
@@ -489,6 +540,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r record;
 BEGIN
+    -- The answer comes from the input, not from joining the inserted rows back (which the
+    -- planner, with no statistics on either side, ran as a nested loop: quadratic in the batch).
+    -- Every inserted row is queued, created at now() and due at coalesce(run_at, now()).
     RETURN QUERY
     WITH input AS MATERIALIZED (
         SELECT gen_random_uuid() AS id, u.ord, u.payload, u.queue, u.priority, u.run_at,
@@ -505,11 +559,12 @@ BEGIN
                coalesce(i.priority, (t.options ->> 'priority')::integer, 0),
                coalesce(i.run_at, now()), i.max_attempts
         FROM input AS i LEFT JOIN notifyq.tasks AS t ON t.name = i.task
-        RETURNING id, status, run_at, created_at
+        RETURNING 1
     )
-    SELECT input.ord::integer, inserted.id, false, inserted.status, inserted.run_at,
-           inserted.created_at
-    FROM inserted JOIN input USING (id);
+    SELECT input.ord::integer, input.id, false, 'queued'::text, coalesce(input.run_at, now()),
+           now()
+    FROM input
+    WHERE (SELECT count(*) FROM inserted) >= 0;
 
     FOR r IN
         SELECT u.*

@@ -1,8 +1,21 @@
 -- The queries notifyq runs, each under a `-- name:` header; notifyq/queries.py parses this file
 -- once and notifyq/store.py runs each by name. Values are always passed as parameters.
 
--- max_attempts: the job's, else its task's registration, else %(fallback)s (the process's own
--- NOTIFYQ_MAX_ATTEMPTS, when set), else the database's default (applied by the trigger).
+-- A job without a dedup_key needs no duplicate check: one INSERT. queue, priority and
+-- max_attempts: the job's, else its task's registration, else (max_attempts) %(fallback)s (the
+-- process's own NOTIFYQ_MAX_ATTEMPTS, when set), else the database's default (the trigger).
+-- name: enqueue_plain
+WITH task AS (SELECT options, max_attempts FROM notifyq.tasks WHERE name = %(task)s::text)
+INSERT INTO notifyq.jobs (task, payload, queue, priority, run_at, max_attempts)
+VALUES (%(task)s::text, %(payload)s::jsonb,
+        coalesce(%(queue)s::text, (SELECT options ->> 'queue' FROM task), 'default'),
+        coalesce(%(priority)s::integer, ((SELECT options ->> 'priority' FROM task))::integer, 0),
+        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+        coalesce(%(max_attempts)s::integer, (SELECT max_attempts FROM task),
+                 %(fallback)s::integer))
+RETURNING id, false, status, run_at, created_at;
+
+-- With a dedup_key: notifyq.enqueue_v1 applies the duplicate rule.
 -- name: enqueue
 SELECT job_id, duplicate, status, run_at, created_at
 FROM notifyq.enqueue_v1(%(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
@@ -33,39 +46,10 @@ SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_at
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
--- Claims up to %(limit)s due jobs of the given tasks (and queues, when given) in one statement,
--- highest priority first. SKIP LOCKED lets concurrent workers take disjoint rows without waiting
--- on each other; the row locks last only for this statement, never while the job runs. Tasks
--- whose circuit breaker is open are skipped, except by a worker holding that task's probe;
--- paused queues are skipped; jobs under a concurrency or rate limit are left to
--- claim_limited_jobs.
+-- See notifyq.claim_v1.
 -- name: claim_jobs
-WITH picked AS (
-    SELECT id
-    FROM notifyq.jobs
-    WHERE status = 'queued' AND run_at <= now() AND task = ANY(%(tasks)s::text[])
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-      AND (%(probe)s OR task NOT IN (SELECT name FROM notifyq.tasks
-                                     WHERE breaker_open_until IS NOT NULL))
-      AND queue NOT IN (SELECT name FROM notifyq.queues
-                        WHERE paused OR rate_limit IS NOT NULL)
-      AND task NOT IN (SELECT name FROM notifyq.tasks
-                       WHERE max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE notifyq.jobs AS j
-SET status = 'processing',
-    attempt_count = j.attempt_count + 1,
-    started_at = now(),
-    finished_at = NULL,
-    worker_id = %(worker_id)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s::float8)
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-          extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.run_at)::float8;
+SELECT * FROM notifyq.claim_v1(%(worker_id)s, %(tasks)s::text[], %(queues)s::text[],
+                               %(limit)s, %(lease)s::float8, %(probe)s);
 
 -- Seconds until the earliest future run_at among the worker's jobs, measured on the database's
 -- clock, so an idle worker can sleep exactly until then.

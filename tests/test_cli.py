@@ -169,7 +169,7 @@ def test_top_refreshes_until_interrupted(db_url: str, tmp_path: Path) -> None:
 
 
 def test_json_logs_carry_the_job_fields(db_url: str) -> None:
-    env = notifyq_env(db_url, NOTIFYQ_LOG_FORMAT="json")
+    env = notifyq_env(db_url, NOTIFYQ_LOG_FORMAT="json", NOTIFYQ_LOG_LEVEL="DEBUG")
     notifyq("enqueue", "hello_world", '{"secret": "do-not-log"}', env=env)
     done = notifyq("worker", "--burst", env=env)
     assert done.returncode == 0, done.stderr
