@@ -347,6 +347,7 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
             start_http_server(args.metrics_port, addr=settings.host, registry=metrics.registry)
             _say(f"notifyq: metrics at http://{settings.host}:{args.metrics_port}/metrics")
         worker = Worker(settings, burst=args.burst, metrics=metrics, report_depth=True)
+        _BEFORE_HARD_EXIT.insert(0, worker.forget_idle_mark)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signals, worker.stop)
             await worker.run()
@@ -437,6 +438,12 @@ def _run_server(settings: Any, banner: list[str]) -> int:
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
         )
     )
+    def forget_idle_mark() -> None:
+        worker = getattr(app.state, "worker", None)
+        if worker is not None:
+            worker.forget_idle_mark()
+
+    _BEFORE_HARD_EXIT.insert(0, forget_idle_mark)
     for line in banner:
         _say(line)
     server.run()

@@ -173,6 +173,22 @@ class Worker:
             )
             self._wake()
 
+    def forget_idle_mark(self) -> None:
+        """Best effort, synchronous, for a process about to exit at once: removes this
+        worker's idle mark, which would otherwise make every insert notify until it expires."""
+        if not self._waiting or not self.settings.database_url:
+            return
+        try:
+            with psycopg.connect(
+                self.settings.database_url,
+                connect_timeout=1,
+                autocommit=True,
+                options="-c statement_timeout=1000",
+            ) as conn:
+                conn.execute("DELETE FROM notifyq.waiting_workers WHERE worker_id = %s", [self.id])
+        except psycopg.Error:
+            pass
+
     @property
     def running_jobs(self) -> int:
         return len(self._running)

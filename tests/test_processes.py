@@ -128,6 +128,9 @@ async def test_a_second_signal_exits_at_once_and_leaves_the_job_to_the_lease(
     assert code == 128 + signal.SIGTERM
     row = await wait_for_status(conn, job_id, "processing")
     assert row["lease_expires_at"] is not None  # the lease brings it back
+    # Its idle mark went with it: inserts do not keep notifying a dead worker.
+    cursor = await conn.execute("SELECT count(*) FROM notifyq.waiting_workers")
+    assert (await cursor.fetchone())[0] == 0
 
 
 async def test_import_registers_the_modules_tasks(db_url: str, tmp_path: Path, conn: Any) -> None:

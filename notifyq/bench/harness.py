@@ -224,11 +224,13 @@ class Child:
             return None
         return None
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout`` seconds; by pid, only this process."""
+    def stop(self, timeout: float = 10.0, *, signalled: bool = False) -> None:
+        """SIGTERM (unless ``signalled`` already), then SIGKILL after ``timeout`` seconds; by
+        pid, only this process."""
         if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
+            if not signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -256,7 +258,9 @@ class Children:
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(signal.SIGTERM)
         for child in children:
-            child.stop(timeout)
+            # One SIGTERM only: a second one makes a notifyq process exit at once, skipping its
+            # clean-up (a worker would leave its idle mark behind for a lease).
+            child.stop(timeout, signalled=True)
             if child in self._children:
                 self._children.remove(child)
 
