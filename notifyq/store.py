@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg.rows import dict_row
@@ -140,8 +140,26 @@ class Store:
             "max_attempts": [s.max_attempts for s in specs],
             "fallback": self._default_max_attempts,
         }
-        rows = await self._run("enqueue_many", params, what="enqueue", conn=conn)
-        return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
+        if any(s.dedup_key is not None or s.task is None for s in specs):
+            rows = await self._run("enqueue_many", params, what="enqueue", conn=conn)
+            return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
+        # No duplicates to look for and every task known: one INSERT ... SELECT, with ids made
+        # here so that no result has to be matched back to its input.
+        ids = [uuid4() for _ in specs]
+        row = await self._run(
+            "enqueue_many_plain", params | {"ids": ids}, what="enqueue", fetch="one", conn=conn
+        )
+        now: datetime = row[0]
+        return [
+            EnqueueResult(
+                job_id,
+                JobStatus.QUEUED,
+                False,
+                spec.run_at or (now + timedelta(seconds=spec.delay) if spec.delay else now),
+                now,
+            )
+            for job_id, spec in zip(ids, specs, strict=True)
+        ]
 
     async def get_job(self, job_id: UUID) -> Job | None:
         row = await self._run(

@@ -12,8 +12,29 @@ VALUES (%(task)s::text, %(payload)s::jsonb,
         coalesce(%(priority)s::integer, ((SELECT options ->> 'priority' FROM task))::integer, 0),
         coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
         coalesce(%(max_attempts)s::integer, (SELECT max_attempts FROM task),
-                 %(fallback)s::integer))
+                 %(fallback)s::integer,
+                 (SELECT value::integer FROM notifyq.settings WHERE key = 'max_attempts')))
 RETURNING id, false, status, run_at, created_at;
+
+-- Many jobs without dedup keys, their tasks named: one INSERT ... SELECT. Defaults resolved here
+-- (the task's, then %(fallback)s, then the database's), so the defaults trigger never fires.
+-- name: enqueue_many_plain
+WITH inserted AS (
+    INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
+    SELECT u.id, u.task, u.payload,
+           coalesce(u.queue, t.options ->> 'queue', 'default'),
+           coalesce(u.priority, (t.options ->> 'priority')::integer, 0),
+           coalesce(u.run_at, now() + make_interval(secs => u.delay)),
+           coalesce(u.max_attempts, t.max_attempts, %(fallback)s::integer,
+                    (SELECT value::integer FROM notifyq.settings WHERE key = 'max_attempts'))
+    FROM unnest(%(ids)s::uuid[], %(tasks)s::text[], %(payloads)s::jsonb[], %(queues)s::text[],
+                %(priorities)s::integer[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+                %(max_attempts)s::integer[])
+         AS u(id, task, payload, queue, priority, run_at, delay, max_attempts)
+    LEFT JOIN notifyq.tasks AS t ON t.name = u.task
+    RETURNING 1
+)
+SELECT now(), (SELECT count(*) FROM inserted);
 
 -- With a dedup_key: notifyq.enqueue_v1 applies the duplicate rule.
 -- name: enqueue
