@@ -155,6 +155,25 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="measure latency and throughput against targets (notifyq bench --help)"
     )
 
+    queue = commands.add_parser(
+        "queue", help="pause, resume, rate-limit a queue, or switch its notifications"
+    )
+    queue.add_argument("name", metavar="QUEUE")
+    state = queue.add_mutually_exclusive_group()
+    state.add_argument("--pause", action="store_true", help="workers stop claiming its jobs")
+    state.add_argument("--resume", action="store_true", help="workers claim its jobs again")
+    queue.add_argument(
+        "--rate-limit",
+        type=_seconds,
+        metavar="JOBS_PER_SECOND",
+        help="jobs started per second across all workers; 0 removes the limit",
+    )
+    queue.add_argument(
+        "--notify",
+        choices=["on", "off"],
+        help="whether inserts wake workers (off: a bulk-fed queue drained by polling)",
+    )
+
     commands.add_parser("stats", help="a table of the queues and their counts")
     top = commands.add_parser("top", help="the queues table, refreshed until Ctrl-C")
     top.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
@@ -438,6 +457,7 @@ def _run_server(settings: Any, banner: list[str]) -> int:
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
         )
     )
+
     def forget_idle_mark() -> None:
         worker = getattr(app.state, "worker", None)
         if worker is not None:
@@ -587,6 +607,27 @@ def _jobs(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+def _queue(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.client import Queue
+
+    async def run() -> list[dict[str, Any]]:
+        async with Queue(settings=settings, pool_size=1) as q:
+            await q.store.configure_queue(
+                args.name,
+                paused=True if args.pause else False if args.resume else None,
+                rate_limit=args.rate_limit,
+                notify=None if args.notify is None else args.notify == "on",
+            )
+            return [r for r in await q.store.queue_stats() if r["queue"] == args.name]
+
+    from notifyq.models import check_name
+
+    check_name("queue", args.name)
+    for line in _queue_table(anyio.run(run), color=_use_color()):
+        print(line)
+    return 0
+
+
 def _stats(args: argparse.Namespace, settings: Any) -> int:
     from notifyq.client import Queue
 
@@ -644,6 +685,10 @@ def _queue_table(rows: list[dict[str, Any]], *, color: bool) -> list[str]:
         wait = row["oldest_due_seconds"]
         completed = f"{'~' if row['completed_estimated'] else ''}{row['completed']}"
         state = paint("paused" if row["paused"] else "active", "33", row["paused"])
+        if row.get("rate_limit"):
+            state += f", {row['rate_limit']:g}/s"
+        if row.get("notify") is False:
+            state += ", polled"
         failed = paint(f"{row['failed']:>7}", "31", row["failed"] > 0)
         waited = f"{wait:>6.1f}s" if wait is not None else "      -"
         waited = paint(waited, "33", (wait or 0) > 5)
@@ -758,6 +803,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "prune": _prune,
     "dev": _dev,
     "stats": _stats,
+    "queue": _queue,
     "top": _top,
     "retry": _retry,
     "jobs": _jobs,

@@ -110,6 +110,11 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="Seconds between a worker's retention passes."
     )
     api_token: SecretStr | None = None
+    cors_origins: CommaList = Field(
+        default_factory=list,
+        description="Origins allowed to call the API from a browser (comma-separated); none "
+        "by default, so CORS stays off.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     run_worker: bool = Field(default=True, description="Run a worker inside `notifyq serve`.")
@@ -121,7 +126,7 @@ class Settings(BaseSettings):
         default="text", description="text for people, json for one object per line."
     )
 
-    @field_validator("imports", "queues", mode="before")
+    @field_validator("imports", "queues", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         return _split_commas(value)

@@ -279,6 +279,19 @@ class Store:
             fetch="one",
         )
 
+    async def configure_queue(
+        self,
+        queue: str,
+        *,
+        paused: bool | None = None,
+        rate_limit: float | None = None,
+        notify: bool | None = None,
+    ) -> None:
+        """Changes a queue's switches; None leaves one as it is (a rate limit of 0 removes
+        it)."""
+        params = {"queue": queue, "paused": paused, "rate_limit": rate_limit, "notify": notify}
+        await self._run("configure_queue", params, what="configuring a queue", fetch="one")
+
     async def schema_version(self) -> int | None:
         row = await self._run(
             "schema_version", None, what="reading the schema version", fetch="one"

@@ -179,7 +179,7 @@ class Worker:
     def forget_idle_mark(self) -> None:
         """Best effort, synchronous, for a process about to exit at once: removes this
         worker's idle mark, which would otherwise make every insert notify until it expires."""
-        if not self._waiting or not self.settings.database_url:
+        if not self.settings.database_url:
             return
         try:
             with psycopg.connect(
@@ -711,8 +711,8 @@ class Worker:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
         if self._store is None:
             return
-        if self._waiting:
-            await self._mark_busy()
+        # Whatever this worker believes (a reconnect forgets the mark without deleting it).
+        await self._mark_busy()
         box = self._outbox
         pending = {s.job_id for s in box.done} | {f.job_id for f in box.failed}
         pending |= {h.job_id for h in (*box.released, *box.cancelled)}

@@ -454,6 +454,23 @@ WITH changed AS (
 )
 SELECT name, paused, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM changed;
 
+-- Changes a queue's switches; NULL leaves one as it is, a rate limit of 0 removes it. Resuming
+-- wakes the queue's workers.
+-- name: configure_queue
+WITH changed AS (
+    INSERT INTO notifyq.queues (name, paused, notify, rate_limit, rate_tokens, updated_at)
+    VALUES (%(queue)s, coalesce(%(paused)s::boolean, false), coalesce(%(notify)s::boolean, true),
+            nullif(%(rate_limit)s::float8, 0), 0, now())
+    ON CONFLICT (name) DO UPDATE
+    SET paused = coalesce(%(paused)s::boolean, queues.paused),
+        notify = coalesce(%(notify)s::boolean, queues.notify),
+        rate_limit = CASE WHEN %(rate_limit)s::float8 IS NULL THEN queues.rate_limit
+                          ELSE nullif(%(rate_limit)s::float8, 0) END,
+        updated_at = now()
+    RETURNING name, paused
+)
+SELECT name, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM changed;
+
 -- name: schema_version
 SELECT max(version) FROM notifyq.migrations;
 

@@ -287,3 +287,13 @@ def test_dev_with_no_database_url_runs_and_leaves_no_server(
 
 def test_dev_reset_refuses_with_a_database_url(db_url: str) -> None:
     assert "--reset" in one_line_error(notifyq("dev", "--reset", env=notifyq_env(db_url)))
+
+
+def test_queue_switches(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    paused = notifyq("queue", "mail", "--pause", "--rate-limit", "5", "--notify", "off", env=env)
+    assert paused.returncode == 0, paused.stderr
+    assert "paused, 5/s, polled" in paused.stdout
+    resumed = notifyq("queue", "mail", "--resume", "--rate-limit", "0", "--notify", "on", env=env)
+    assert "active" in resumed.stdout and "/s" not in resumed.stdout
+    assert "queue" in one_line_error(notifyq("queue", "", "--pause", env=env))

@@ -208,3 +208,13 @@ async def test_ready_reports_each_part(settings: Settings, conn: Any) -> None:
         stale = await client.get("/ready")
     assert stale.status_code == 503
     assert "this notifyq needs" in stale.json()["migrations"]
+
+
+async def test_cors_is_off_unless_configured(settings: Settings) -> None:
+    headers = {"Origin": "https://ops.example", "Access-Control-Request-Method": "POST"}
+    async with api(settings) as client:
+        closed = await client.options("/jobs", headers=headers)
+    async with api(settings, cors_origins=["https://ops.example"]) as client:
+        opened = await client.options("/jobs", headers=headers)
+    assert "access-control-allow-origin" not in closed.headers
+    assert opened.headers["access-control-allow-origin"] == "https://ops.example"
