@@ -164,6 +164,9 @@ class JobSpec:
 
 def check_name(what: str, value: object) -> str:
     """A task or queue name: a non-empty string of at most 200 characters, without NUL."""
+    if type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and value.isascii():
+        if "\x00" not in value:
+            return value  # the common case, checked in one pass
     if not isinstance(value, str) or not value:
         raise InvalidJob(f"{what} must be a non-empty string")
     if len(value) > MAX_NAME_LENGTH:
@@ -207,10 +210,14 @@ def check_delay(delay: object) -> float:
     return float(delay)
 
 
+#: One encoder for every payload and result: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def encode_json(value: Any, *, what: str) -> str:
     """``value`` as JSON text that PostgreSQL's jsonb accepts, or InvalidJob saying why not."""
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
     if text.count("[") + text.count("{") > MAX_DEPTH:
@@ -219,10 +226,11 @@ def encode_json(value: Any, *, what: str) -> str:
     if "\\u0000" in text:
         # Rare: only now walk the value to tell a real NUL from a literal backslash-u0000.
         _refuse_nul(value, what)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidJob(f"{what} contains an unpaired surrogate; send valid UTF-8") from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidJob(f"{what} contains an unpaired surrogate; send valid UTF-8") from None
     return text
 
 
