@@ -69,13 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="A PostgreSQL job queue that starts jobs the instant they are committed.",
     )
     parser.add_argument("--version", action="version", version=f"notifyq {__version__}")
-    parser.add_argument("--database-url", help="libpq URL of the database (default: $DATABASE_URL)")
-    parser.add_argument(
-        "--log-level",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        help="default: $NOTIFYQ_LOG_LEVEL or INFO",
-    )
+
+    def common_options(p: argparse.ArgumentParser, default: Any) -> None:
+        p.add_argument(
+            "--database-url",
+            default=default,
+            help="libpq URL of the database (default: $DATABASE_URL)",
+        )
+        p.add_argument(
+            "--log-level",
+            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+            type=str.upper,
+            default=default,
+            help="default: $NOTIFYQ_LOG_LEVEL or INFO",
+        )
+
+    common_options(parser, None)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -186,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--queue")
     jobs.add_argument("--limit", type=_positive_int, default=20)
     jobs.add_argument("--json", action="store_true", help="one JSON object per line")
+    # The common options after the command too (`notifyq serve --log-level WARNING`); SUPPRESS
+    # keeps a command from overwriting a value given before it.
+    for command in commands.choices.values():
+        if command.prog.split()[-1] != "bench":
+            common_options(command, argparse.SUPPRESS)
     return parser
 
 
