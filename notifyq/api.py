@@ -263,10 +263,14 @@ RetryableStatus = Literal["failed", "cancelled"]
 
 
 class RetriedOut(BaseModel):
+    """What POST /jobs/retry answers."""
+
     requeued: int = Field(description="Jobs put back in the queue.")
 
 
 class ReadyOut(BaseModel):
+    """Readiness, part by part."""
+
     status: str = Field(description="ready or not_ready")
     database: str
     migrations: str
@@ -283,6 +287,8 @@ class JobPage(BaseModel):
 
 
 class BreakerOut(BaseModel):
+    """A task's circuit breaker."""
+
     state: str = Field(description="closed, open (claims paused) or half_open (one probe runs)")
     threshold: int | None = Field(description="Consecutive failures that open it; null: none.")
     cooldown: float
@@ -317,10 +323,14 @@ class TaskOut(BaseModel):
 
 
 class ErrorOut(BaseModel):
+    """Every 4xx and 5xx answer: what is wrong, and what to do."""
+
     detail: Any
 
 
 class HealthOut(BaseModel):
+    """Liveness and whether the database answers."""
+
     status: str = Field(description="healthy or unhealthy")
     database: str
     version: str

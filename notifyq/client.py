@@ -89,6 +89,7 @@ class Queue:
 
     @property
     def store(self) -> Store:
+        """The store behind this queue (operations beyond enqueue and read)."""
         if self._store is None:
             raise RuntimeError("use the Queue inside `async with Queue(...) as q:`")
         return self._store

@@ -77,6 +77,7 @@ def translate_errors(what: str) -> Iterator[None]:
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (psycopg's run over several)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

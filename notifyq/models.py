@@ -38,6 +38,7 @@ class JobStatus(str, Enum):
 
     @property
     def finished(self) -> bool:
+        """Whether the job will not run again unless retried."""
         return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
@@ -67,6 +68,7 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
+        """A job from a ``dict_row`` of the jobs table."""
         values = dict(row)
         values["status"] = JobStatus(values["status"])
         return cls(**values)
@@ -115,6 +117,7 @@ class JobSpec:
         dedup_key: str | None = None,
         max_attempts: int | None = None,
     ) -> JobSpec:
+        """Validates every field and encodes the payload; InvalidJob says what is wrong."""
         payload = {} if payload is None else payload
         if not isinstance(payload, Mapping):
             raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
@@ -203,6 +206,7 @@ def check_run_at(run_at: object) -> datetime:
 
 
 def check_delay(delay: object) -> float:
+    """Seconds of delay: finite, from 0 to ten years."""
     if isinstance(delay, bool) or not isinstance(delay, (int, float)):
         raise InvalidJob("delay must be a number of seconds")
     if not math.isfinite(delay) or not 0 <= delay <= MAX_DELAY_SECONDS:

@@ -60,6 +60,7 @@ class Migration:
 
     @property
     def checksum(self) -> str:
+        """SHA-256 of the file, recorded when applied."""
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
 

@@ -56,6 +56,8 @@ class Held:
 
 @dataclass(frozen=True, slots=True)
 class Rescued:
+    """A job whose lease ran out, and the status the rescue gave it."""
+
     job_id: UUID
     status: JobStatus
 
@@ -118,6 +120,7 @@ class Store:
     async def enqueue(
         self, spec: JobSpec, *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> EnqueueResult:
+        """Enqueues one job with the duplicate rule; in ``conn``'s transaction when given."""
         params = _spec_params(spec) | {"fallback": self._default_max_attempts}
         # Without a dedup key or a task to resolve in SQL, a plain INSERT does it.
         query = "enqueue_plain" if spec.dedup_key is None and spec.task is not None else "enqueue"
@@ -127,6 +130,7 @@ class Store:
     async def enqueue_many(
         self, specs: Sequence[JobSpec], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[EnqueueResult]:
+        """Enqueues many jobs in one round trip; one result per spec, in order."""
         if not specs:
             return []
         params = {
@@ -162,12 +166,14 @@ class Store:
         ]
 
     async def get_job(self, job_id: UUID) -> Job | None:
+        """The job, or None."""
         row = await self._run(
             "get_job", {"id": job_id}, what="reading a job", fetch="one", as_dicts=True
         )
         return Job.from_row(row) if row else None
 
     async def ping(self) -> None:
+        """Raises DatabaseUnavailable unless the database answers."""
         await self._run("ping", None, what="health check", fetch="one")
 
     # -- working -----------------------------------------------------------------------------
@@ -272,6 +278,7 @@ class Store:
         return rows
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        """Pauses or resumes a queue; resuming wakes its workers."""
         await self._run(
             "set_queue_paused",
             {"queue": queue, "paused": paused},
@@ -293,12 +300,14 @@ class Store:
         await self._run("configure_queue", params, what="configuring a queue", fetch="one")
 
     async def schema_version(self) -> int | None:
+        """The newest applied migration."""
         row = await self._run(
             "schema_version", None, what="reading the schema version", fetch="one"
         )
         return row[0] if row else None
 
     async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
+        """Requeues (or fails) up to ``limit`` jobs whose lease ran out."""
         rows = await self._run("rescue_expired", {"limit": limit}, what="rescuing jobs")
         return [Rescued(row[0], JobStatus(row[1])) for row in rows]
 
@@ -314,11 +323,13 @@ class Store:
         return bool(row[0])
 
     async def unmark_waiting(self, worker_id: str) -> None:
+        """Removes a worker's idle mark: inserts stop waking it."""
         await self._run(
             "unmark_waiting", {"worker_id": worker_id}, what="marking the worker busy", fetch="none"
         )
 
     async def refresh_waiting(self, worker_id: str, ttl: float) -> None:
+        """Keeps a worker's idle mark from expiring."""
         await self._run(
             "refresh_waiting",
             {"worker_id": worker_id, "ttl": ttl},
@@ -327,9 +338,11 @@ class Store:
         )
 
     async def prune_waiting(self) -> None:
+        """Deletes the idle marks of workers that stopped refreshing them."""
         await self._run("prune_waiting", None, what="pruning idle marks", fetch="none")
 
     async def register_task(self, task: Task, breaker: CircuitBreaker | None) -> None:
+        """Records a task, its options, limits and breaker, for all workers and the API."""
         params = {
             "name": task.name,
             "max_attempts": task.max_attempts,
@@ -363,6 +376,7 @@ class Store:
         return [ClaimedJob(*row) for row in rows]
 
     async def limits_exist(self, tasks: Sequence[str]) -> bool:
+        """Whether any of these tasks, or any queue, has a concurrency or rate limit."""
         row = await self._run(
             "limits_exist", {"tasks": list(tasks)}, what="reading limits", fetch="one"
         )
@@ -379,6 +393,7 @@ class Store:
         return row[0] if row else None
 
     async def database_now(self) -> datetime:
+        """The database's clock."""
         row = await self._run("database_now", None, what="reading the clock", fetch="one")
         now: datetime = row[0]
         return now
@@ -391,6 +406,7 @@ class Store:
         return deleted
 
     async def prune_ticks(self) -> None:
+        """Deletes periodic ticks older than a week."""
         await self._run("prune_ticks", None, what="pruning periodic ticks", fetch="none")
 
     async def take_breaker_probes(self, tasks: Sequence[str]) -> list[str]:
@@ -401,6 +417,7 @@ class Store:
         return [row[0] for row in rows]
 
     async def list_tasks(self) -> list[dict[str, Any]]:
+        """The registered tasks with their breaker state."""
         rows: list[dict[str, Any]] = await self._run(
             "list_tasks", None, what="listing tasks", as_dicts=True
         )

@@ -55,6 +55,7 @@ class Backoff:
         return min(float(self.cap), raw) if math.isfinite(raw) else float(self.cap)
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after failed attempt ``attempt``, jitter included."""
         full = self.ceiling(attempt)
         return full / 2 + rng() * full / 2
 
@@ -119,6 +120,7 @@ class Task:
         }
 
     def options_json(self) -> str:
+        """The options as JSON text."""
         return json.dumps(self.options())
 
     async def run(
@@ -268,6 +270,7 @@ class Registry:
             self.add(task)
 
     def add(self, task: Task) -> None:
+        """Registers ``task``; TaskError if another handler has its name."""
         existing = self._tasks.get(task.name)
         if (
             existing is not None
@@ -278,9 +281,11 @@ class Registry:
         self._tasks[task.name] = task
 
     def get(self, name: str) -> Task | None:
+        """The task named ``name``, or None."""
         return self._tasks.get(name)
 
     def names(self) -> list[str]:
+        """The tasks' names, sorted."""
         return sorted(self._tasks)
 
     def __contains__(self, name: object) -> bool:

@@ -194,6 +194,7 @@ class Worker:
 
     @property
     def running_jobs(self) -> int:
+        """Jobs whose handler is running now."""
         return len(self._running)
 
     # -- main ------------------------------------------------------------------------------
