@@ -37,6 +37,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+def _plain_uvicorn_name(record: logging.LogRecord) -> bool:
+    # uvicorn logs its ordinary messages as "uvicorn.error"; an operator reads that as errors.
+    if record.name == "uvicorn.error":
+        record.name = "uvicorn"
+    return True
+
+
 def configure(level: str, fmt: str) -> None:
     """Sends notifyq's and uvicorn's logs to stderr in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)
@@ -44,6 +51,7 @@ def configure(level: str, fmt: str) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(_plain_uvicorn_name)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level))

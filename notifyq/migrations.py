@@ -89,7 +89,8 @@ async def _apply_missing(
             if done[migration.version] != migration.checksum:
                 raise MigrationError(
                     f"migration {migration.version:03d}_{migration.name}.sql changed after it "
-                    "was applied; put schema changes in a new numbered file instead"
+                    "was applied to this database (a development version of notifyq?); "
+                    "start afresh with `notifyq dev --reset` (embedded) or a new database"
                 )
             continue
         say(f"applying migration {migration.version:03d}_{migration.name}")

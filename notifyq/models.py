@@ -36,6 +36,9 @@ class JobStatus(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    def __str__(self) -> str:
+        return self.value
+
     @property
     def finished(self) -> bool:
         """Whether the job will not run again unless retried."""

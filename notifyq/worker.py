@@ -312,6 +312,16 @@ class Worker:
             limit = min(self._free, MAX_CLAIM_BATCH)
             if limit == 0:
                 continue
+            limited: list[ClaimedJob] = []
+            if self._limits_exist:
+                # First, so that a backlog of unlimited jobs cannot starve the limited ones
+                # (their limits keep them from taking many slots).
+                limited = await self._claim_limited(limit)
+                for job in limited:
+                    self._start(job)
+                limit -= len(limited)
+                if limit == 0:
+                    continue
             try:
                 claimed = await self._store.claim(
                     worker_id=self.id,
@@ -337,11 +347,7 @@ class Worker:
                 self._start(job)
             if len(claimed) == limit:
                 continue
-            if self._limits_exist:
-                limited = await self._claim_limited(limit - len(claimed))
-                for job in limited:
-                    self._start(job)
-                claimed += limited
+            claimed += limited
             if not claimed:
                 self.stats.empty_claims += 1
                 if self._burst and not self._running:

@@ -250,3 +250,23 @@ async def test_workers_prune_on_their_own(settings: Settings, conn: Any) -> None
 
         await wait_until(pruned, timeout=10)
     assert time.monotonic() - started < 10
+
+
+async def test_a_backlog_of_unlimited_jobs_does_not_starve_limited_ones(
+    settings: Settings, conn: Any
+) -> None:
+    async def metered(payload: dict[str, Any]) -> None: ...
+
+    async def bulk(payload: dict[str, Any]) -> None:
+        await anyio.sleep(0.001)
+
+    registry = tasks(make_task(metered, rate_limit=50), make_task(bulk))
+    await insert(conn, "bulk", n=3000)
+    limited = await insert(conn, "metered", n=3)
+    async with running_worker(settings.model_copy(update={"concurrency": 20}), registry):
+        for job_id in limited:
+            await wait_for_status(conn, job_id, "completed", timeout=20)
+        cursor = await conn.execute("SELECT count(*) FROM notifyq.jobs WHERE status = 'queued'")
+        still_queued = (await cursor.fetchone())[0]
+    # The limited jobs ran while most of the backlog still waited.
+    assert still_queued > 1000
