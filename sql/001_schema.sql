@@ -467,29 +467,39 @@ $$;
 -- The settings pin the plan: walk jobs_claim_idx in order and stop after p_limit rows. Right
 -- after a bulk insert the statistics are stale, and with a large history they are large; in
 -- both cases the planner preferred a bitmap scan of every queued row and a sort (48 ms for a
--- claim of 50 out of 50,000 queued), and a cached generic plan joined the UPDATE by a
--- sequential scan.
+-- claim of 50 out of 50,000 queued). The UPDATE finds its rows by primary key.
 CREATE FUNCTION notifyq.claim_v1(
     p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease float8,
     p_probe boolean
 ) RETURNS TABLE (id uuid, task text, queue text, payload jsonb, priority integer,
                  attempt_count integer, max_attempts integer, created_at float8, run_at float8)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
-SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
+SET jit = off
 AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL caches this statement's plan for the session (a SQL function would plan it on
+    -- every call); with sorts, bitmap and sequential scans off, that plan can only walk
+    -- jobs_claim_idx, and the UPDATE can only find its rows by primary key, whatever the
+    -- statistics say (right after a TRUNCATE and a bulk insert they said "empty table", and a
+    -- sequential scan per claim cut a worker to a tenth). JIT stays off: the cost penalty of
+    -- the disabled scans on the tiny tasks and queues tables would otherwise trigger 40 ms of
+    -- compilation per claim.
+    RETURN QUERY
     WITH picked AS (
         SELECT j.id
         FROM notifyq.jobs AS j
         WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
           AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (p_probe OR j.task NOT IN (SELECT name FROM notifyq.tasks
-                                         WHERE breaker_open_until IS NOT NULL))
-          AND j.queue NOT IN (SELECT name FROM notifyq.queues
-                              WHERE paused OR rate_limit IS NOT NULL)
-          AND j.task NOT IN (SELECT name FROM notifyq.tasks
-                             WHERE max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+          AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                         WHERE t.breaker_open_until IS NOT NULL))
+          AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+                              WHERE q.paused OR q.rate_limit IS NOT NULL)
+          AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                             WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
@@ -501,9 +511,10 @@ AS $$
         finished_at = NULL,
         worker_id = p_worker_id,
         lease_expires_at = now() + make_interval(secs => p_lease)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
     RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
               extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.run_at)::float8;
+END;
 $$;
 
 -- The SQL face of the queue: SELECT notifyq.enqueue('echo', '{"n": 1}') returns the job id.

@@ -80,6 +80,12 @@ FROM notifyq.jobs
 WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)s::text[])
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));
 
+-- The fenced batch writes below find their rows through the primary key (j.id = ANY(ids)). They
+-- run as prepared statements with generic plans, and a bare "status = 'processing'" let such a
+-- plan walk jobs_lease_idx, every processing job of every worker (a second for a batch of 100
+-- at high concurrency); "(status = 'processing') IS TRUE" is the same test that no partial
+-- index can serve.
+--
 -- Records successful attempts, one statement for a whole batch. The (worker_id, attempt_count)
 -- check in the same UPDATE discards the result of a worker that lost the job's lease meanwhile.
 -- A success closes its task's circuit breaker (the task works again).
@@ -92,7 +98,8 @@ WITH done AS (
         lease_expires_at = NULL
     FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
          AS d(id, attempt, result)
-    WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+    WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+      AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.task
 ), closed AS (
@@ -117,7 +124,7 @@ WITH d AS (
     FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
                 %(retryable)s::boolean[], %(delays)s::float8[])
          AS d(id, attempt, error, retryable, delay)
-    JOIN notifyq.jobs AS j ON j.id = d.id
+    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)s::uuid[])
 ), failed AS (
     UPDATE notifyq.jobs AS j
     SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
@@ -132,7 +139,8 @@ WITH d AS (
                           ELSE d.error END,
         errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
     FROM d
-    WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+    WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+      AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.status, j.task, d.retryable
 ), counted AS (
@@ -154,7 +162,7 @@ SELECT id, status FROM failed;
 WITH d AS (
     SELECT d.*, notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
     FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
-    JOIN notifyq.jobs AS j ON j.id = d.id
+    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)s::uuid[])
 ), released AS (
     UPDATE notifyq.jobs AS j
     SET status = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
@@ -172,7 +180,8 @@ WITH d AS (
                                       'with the same dedup_key is queued', d.newer)
                           ELSE j.last_error END
     FROM d
-    WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+    WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+      AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.queue
 )
@@ -184,7 +193,8 @@ SELECT r.id, notifyq.wake_v1(ARRAY[r.queue]) FROM released AS r;
 UPDATE notifyq.jobs AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease)s::float8)
 FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+  AND j.worker_id = %(worker_id)s
   AND j.attempt_count = d.attempt
 RETURNING j.id, j.cancel_requested_at IS NOT NULL;
 
@@ -196,7 +206,8 @@ SET status = 'cancelled',
     lease_expires_at = NULL,
     last_error = format('cancelled while running attempt %%s', j.attempt_count)
 FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+  AND j.worker_id = %(worker_id)s
   AND j.attempt_count = d.attempt
 RETURNING j.id;
 
