@@ -729,7 +729,7 @@ async def _set_paused(request: Request, queue: str, paused: bool) -> QueueOut:
             [{"loc": ("path", "queue"), "msg": str(exc), "type": "value_error"}]
         ) from None
     store = _store(request)
-    await store.set_queue_paused(queue, paused)
+    await store.configure_queue(queue, paused=paused)
     rows = {row["queue"]: row for row in await store.queue_stats()}
     return QueueOut(**rows[queue])
 

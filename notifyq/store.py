@@ -321,15 +321,6 @@ class Store:
         )
         return rows
 
-    async def set_queue_paused(self, queue: str, paused: bool) -> None:
-        """Pauses or resumes a queue; resuming wakes its workers."""
-        await self._run(
-            "set_queue_paused",
-            {"queue": queue, "paused": paused},
-            what="pausing a queue" if paused else "resuming a queue",
-            fetch="one",
-        )
-
     async def configure_queue(
         self,
         queue: str,

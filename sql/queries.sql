@@ -455,16 +455,6 @@ LEFT JOIN completed_sampled AS cs ON cs.queue = n.queue
 LEFT JOIN notifyq.queues AS q ON q.name = n.queue
 ORDER BY n.queue;
 
--- Pauses or resumes a queue; resuming wakes its workers.
--- name: set_queue_paused
-WITH changed AS (
-    INSERT INTO notifyq.queues (name, paused, updated_at)
-    VALUES (%(queue)s, %(paused)s, now())
-    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
-    RETURNING name, paused
-)
-SELECT name, paused, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM changed;
-
 -- Changes a queue's switches; NULL leaves one as it is, a rate limit of 0 removes it. Resuming
 -- wakes the queue's workers.
 -- name: configure_queue
