@@ -119,16 +119,6 @@ async def _store_settings(conn: psycopg.AsyncConnection, settings: Settings) -> 
             )
 
 
-async def current_version(conn: psycopg.AsyncConnection) -> int | None:
-    """The newest applied migration, or None when notifyq was never migrated here."""
-    try:
-        cursor = await conn.execute("SELECT max(version) FROM notifyq.migrations")
-    except psycopg.errors.UndefinedTable:
-        return None
-    row = await cursor.fetchone()
-    return row[0] if row else None
-
-
 def latest_version() -> int:
     """The newest migration this notifyq ships."""
     return max(migration.version for migration in load_migrations())

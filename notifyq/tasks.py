@@ -317,11 +317,6 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
 _registry = Registry()
 
 
-def default_registry() -> Registry:
-    """The registry that ``@task`` adds to."""
-    return _registry
-
-
 @overload
 def task(fn: F, /) -> F: ...
 @overload

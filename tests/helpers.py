@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -167,6 +166,3 @@ def processes(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     finally:
         for process in started:
             process.stop()
-
-
-SIGTERM = signal.SIGTERM
