@@ -97,7 +97,10 @@ async def test_sigterm_lets_the_running_job_finish_and_exits_zero(
         job_id = (await cursor.fetchone())[0]
         await wait_for_status(conn, job_id, "processing")
         worker.signal(signal.SIGTERM)
-        # Claimed after the signal: this one must stay queued for another worker.
+        # Inserted once the worker has taken the signal in: it must stay queued for another
+        # worker. (Inserted right after the kill, it could still be claimed before the signal
+        # reached the worker's loop.)
+        worker.wait_for_output("stopping")
         cursor = await conn.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo') RETURNING id")
         later = (await cursor.fetchone())[0]
         assert worker.wait(timeout=20) == 0, worker.output()
