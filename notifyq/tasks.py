@@ -424,6 +424,10 @@ def builtin_registry(contrib: ContribSettings | None = None) -> Registry:
 def worker_registry(
     extra: Registry | None = None, *, contrib: ContribSettings | None = None
 ) -> Registry:
-    """What a worker serves: the built-ins, every ``@task``, and ``extra``."""
-    registry = builtin_registry(contrib).merged(_registry)
-    return registry.merged(extra) if extra is not None else registry
+    """What a worker serves: the built-ins, every ``@task``, and ``extra``. A task of the
+    application with a built-in's name (its own ``send_email``, say) replaces the built-in."""
+    own = Registry(list(_registry))
+    if extra is not None:
+        own = own.merged(extra)
+    builtins = [task for task in builtin_registry(contrib) if task.name not in own]
+    return Registry(builtins).merged(own)

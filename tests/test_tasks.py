@@ -270,3 +270,17 @@ async def test_a_backlog_of_unlimited_jobs_does_not_starve_limited_ones(
         still_queued = (await cursor.fetchone())[0]
     # The limited jobs ran while most of the backlog still waited.
     assert still_queued > 1000
+
+
+async def test_an_application_task_replaces_a_builtin_of_the_same_name(
+    settings: Settings, conn: Any
+) -> None:
+    def send_email(payload: dict[str, Any]) -> str:  # the contract's own example name
+        return "sent by the application"
+
+    registry = tasks(make_task(send_email, "send_email", max_attempts=5, timeout=30))
+    assert registry.get("send_email").fn is send_email  # type: ignore[union-attr]
+    (job_id,) = await insert(conn, "send_email", '{"to": "a@b.c"}')
+    await Worker(settings, registry, burst=True).run()
+    row = await job_row(conn, job_id)
+    assert row is not None and row["result"] == "sent by the application"
