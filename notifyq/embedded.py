@@ -113,7 +113,7 @@ def default_base_dir() -> Path:
         if sys.platform == "darwin":
             return home / "Library" / "Application Support" / "notifyq"
         return Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / "notifyq"
-    return platformdirs.user_data_path("notifyq", appauthor=False)
+    return Path(platformdirs.user_data_path("notifyq", appauthor=False))
 
 
 class EmbeddedPostgres:
