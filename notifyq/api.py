@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 import anyio
@@ -31,7 +31,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from notifyq import __version__
@@ -390,6 +390,7 @@ def create_app(
         # body is read.
         app.add_middleware(TokenGuard, token=settings.api_token.get_secret_value())
     _install_error_handlers(app)
+    _document_bodies(app, (JobIn, BatchIn))
 
     guard = [Depends(_documented_bearer)] if settings.api_token is not None else []
 
@@ -398,6 +399,7 @@ def create_app(
         status_code=status.HTTP_201_CREATED,
         response_model=EnqueuedOut,
         dependencies=guard,
+        openapi_extra=_json_body(JobIn),
         responses={
             200: {"model": EnqueuedOut, "description": "A queued duplicate was replaced."},
             413: {"model": ErrorOut, "description": "The body is over the size limit."},
@@ -405,7 +407,8 @@ def create_app(
         },
         summary="Enqueue a job",
     )
-    async def post_job(job: JobIn, request: Request) -> Response:
+    async def post_job(request: Request) -> Response:
+        job = await _read_json(request, JobIn)
         spec = job.spec(settings.default_task)
         result = await _store(request).enqueue(spec)
         metrics.enqueued.labels(spec.queue or "default", spec.task or "").inc()
@@ -484,10 +487,12 @@ def create_app(
         "/jobs/batch",
         response_model=BatchOut,
         dependencies=guard,
+        openapi_extra=_json_body(BatchIn),
         responses={422: {"model": ErrorOut, "description": "A job is malformed; none is stored."}},
         summary="Enqueue many jobs in one round trip",
     )
-    async def post_batch(batch: BatchIn, request: Request) -> Response:
+    async def post_batch(request: Request) -> Response:
+        batch = await _read_json(request, BatchIn)
         specs = [
             job.spec(settings.default_task, where=("body", "jobs", index))
             for index, job in enumerate(batch.jobs)
@@ -674,6 +679,58 @@ def create_app(
     return app
 
 
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def _read_json(request: Request, model: type[Body]) -> Body:
+    """The request's JSON body as ``model``, parsed and validated in one pass by pydantic-core
+    (the submission routes' bodies; FastAPI's json.loads-then-validate took three times as
+    long). Errors are RequestValidationErrors located under "body", as FastAPI's are."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("body",),
+                    "msg": "the body must be JSON, sent with Content-Type: application/json",
+                    "type": "content_type",
+                }
+            ]
+        )
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        raise RequestValidationError(errors) from None
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads ``model`` with :func:`_read_json` (its
+    schema is added to the document's components by :func:`_document_bodies`)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _document_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Adds the schemas of bodies read by :func:`_read_json` to the OpenAPI document, which
+    FastAPI builds only from the parameters it parses itself."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = FastAPI.openapi(app)
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _enqueued(result: EnqueueResult) -> dict[str, Any]:
     """The JSON of EnqueuedOut, without a model in between."""
     return {
@@ -817,7 +874,10 @@ def _message(error: dict[str, Any]) -> str:
     message = str(error.get("msg", "")).removeprefix("Value error, ")
     reason = (error.get("ctx") or {}).get("error")
     if error.get("type") == "json_invalid" and reason:
-        message = f"{message}: {reason}"  # say what is wrong, not only where
+        if "recursion limit" in str(reason):
+            return f"the body nests too deeply to read ({reason})"
+        if str(reason) not in message:
+            message = f"{message}: {reason}"  # say what is wrong, not only where
     return message
 
 
