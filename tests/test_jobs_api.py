@@ -93,6 +93,48 @@ async def test_cancel_stops_a_running_handler(settings: Settings, conn: Any) -> 
     assert worker.stats.cancelled == 1
 
 
+async def test_a_slot_runs_its_next_job_normally_after_a_cancel(
+    settings: Settings, conn: Any
+) -> None:
+    # One slot, so every job goes through the same runner: a cancel must end with the job it
+    # was meant for, whether the handler let it through or swallowed it and returned.
+    started: list[str] = []
+    gate = anyio.Event()
+
+    async def endless(payload: dict[str, Any]) -> str:
+        started.append(payload["name"])
+        gate.set()
+        try:
+            await anyio.sleep(3600)
+        except BaseException:
+            if payload.get("swallow"):
+                return "swallowed"  # a handler that ignores the cancel
+            raise
+        return "slept"
+
+    async def quick(payload: dict[str, Any]) -> dict[str, Any]:
+        await anyio.sleep(0.01)  # awaits, where a stray cancel would land
+        return {"ok": payload["name"]}
+
+    tasks = worker_registry(Registry([make_task(endless), make_task(quick)]))
+    one_slot = settings.model_copy(update={"concurrency": 1})
+    async with running_worker(one_slot, tasks) as worker, api(settings) as client:
+        for name, swallow in (("first", False), ("second", True)):
+            gate = anyio.Event()
+            body = {"task": "endless", "payload": {"name": name, "swallow": swallow}}
+            job_id = (await client.post("/jobs", json=body)).json()["job_id"]
+            with anyio.fail_after(5):
+                await gate.wait()
+            assert (await client.post(f"/jobs/{job_id}/cancel")).status_code == 202
+            expected = "completed" if swallow else "cancelled"
+            await wait_for_status(conn, job_id, expected, timeout=5)
+            after = (await client.post("/jobs", json={"task": "quick", "payload": {"name": name}}))
+            row = await wait_for_status(conn, after.json()["job_id"], "completed", timeout=5)
+            assert row["result"] == {"ok": name}
+    assert started == ["first", "second"]
+    assert worker.stats.cancelled == 1 and worker.stats.completed == 3
+
+
 async def test_a_cancel_whose_notification_was_lost_is_seen_by_the_heartbeat(
     settings: Settings, conn: Any
 ) -> None:
