@@ -27,9 +27,9 @@ WITH inserted AS (
            coalesce(u.run_at, now() + make_interval(secs => u.delay)),
            coalesce(u.max_attempts, t.max_attempts, %(fallback)s::integer,
                     (SELECT value::integer FROM notifyq.settings WHERE key = 'max_attempts'))
-    FROM unnest(%(ids)s::uuid[], %(tasks)s::text[], %(payloads)s::jsonb[], %(queues)s::text[],
-                %(priorities)s::integer[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(max_attempts)s::integer[])
+    FROM unnest(%(ids)b::uuid[], %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[],
+                %(priorities)b::integer[], %(run_ats)b::timestamptz[], %(delays)b::float8[],
+                %(max_attempts)b::integer[])
          AS u(id, task, payload, queue, priority, run_at, delay, max_attempts)
     LEFT JOIN notifyq.tasks AS t ON t.name = u.task
     RETURNING 1
@@ -51,12 +51,12 @@ FROM notifyq.enqueue_v1(%(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
 FROM notifyq.enqueue_many_v1(
-    %(tasks)s::text[], %(payloads)s::jsonb[], %(queues)s::text[], %(priorities)s::integer[],
+    %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[], %(priorities)b::integer[],
     (SELECT array_agg(coalesce(r, now() + make_interval(secs => d)) ORDER BY o)
-     FROM unnest(%(run_ats)s::timestamptz[], %(delays)s::float8[]) WITH ORDINALITY AS t(r, d, o)),
-    %(dedup_keys)s::text[],
+     FROM unnest(%(run_ats)b::timestamptz[], %(delays)b::float8[]) WITH ORDINALITY AS t(r, d, o)),
+    %(dedup_keys)b::text[],
     (SELECT array_agg(coalesce(u.m, t.max_attempts, %(fallback)s::integer) ORDER BY u.o)
-     FROM unnest(%(tasks)s::text[], %(max_attempts)s::integer[]) WITH ORDINALITY AS u(task, m, o)
+     FROM unnest(%(tasks)b::text[], %(max_attempts)b::integer[]) WITH ORDINALITY AS u(task, m, o)
      LEFT JOIN notifyq.tasks AS t ON t.name = u.task))
 ORDER BY ord;
 
@@ -69,7 +69,7 @@ WHERE id = %(id)s;
 
 -- See notifyq.claim_v1.
 -- name: claim_jobs
-SELECT * FROM notifyq.claim_v1(%(worker_id)s, %(tasks)s::text[], %(queues)s::text[],
+SELECT * FROM notifyq.claim_v1(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
                                %(limit)s, %(lease)s::float8, %(probe)s);
 
 -- Seconds until the earliest future run_at among the worker's jobs, measured on the database's
@@ -77,8 +77,8 @@ SELECT * FROM notifyq.claim_v1(%(worker_id)s, %(tasks)s::text[], %(queues)s::tex
 -- name: seconds_to_next_job
 SELECT extract(epoch FROM min(run_at) - now())::float8
 FROM notifyq.jobs
-WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)s::text[])
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));
+WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)b::text[])
+  AND (%(queues)b::text[] IS NULL OR queue = ANY(%(queues)b::text[]));
 
 -- The fenced batch writes below find their rows through the primary key (j.id = ANY(ids)). They
 -- run as prepared statements with generic plans, and a bare "status = 'processing'" let such a
@@ -96,9 +96,9 @@ WITH done AS (
         result = d.result,
         finished_at = now(),
         lease_expires_at = NULL
-    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
+    FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[], %(results)b::jsonb[])
          AS d(id, attempt, result)
-    WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+    WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
       AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.task
@@ -121,10 +121,10 @@ WITH d AS (
            j.attempt_count < j.max_attempts AND d.retryable AND j.cancel_requested_at IS NULL
                AS wants_retry,
            notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
-                %(retryable)s::boolean[], %(delays)s::float8[])
+    FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[], %(errors)b::text[],
+                %(retryable)b::boolean[], %(delays)b::float8[])
          AS d(id, attempt, error, retryable, delay)
-    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)s::uuid[])
+    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)b::uuid[])
 ), failed AS (
     UPDATE notifyq.jobs AS j
     SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
@@ -139,7 +139,7 @@ WITH d AS (
                           ELSE d.error END,
         errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
     FROM d
-    WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+    WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
       AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.status, j.task, d.retryable
@@ -161,8 +161,8 @@ SELECT id, status FROM failed;
 -- name: release_jobs
 WITH d AS (
     SELECT d.*, notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
-    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)s::uuid[])
+    FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS d(id, attempt)
+    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)b::uuid[])
 ), released AS (
     UPDATE notifyq.jobs AS j
     SET status = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
@@ -180,7 +180,7 @@ WITH d AS (
                                       'with the same dedup_key is queued', d.newer)
                           ELSE j.last_error END
     FROM d
-    WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+    WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
       AND j.worker_id = %(worker_id)s
       AND j.attempt_count = d.attempt
     RETURNING j.id, j.queue
@@ -192,8 +192,8 @@ SELECT r.id, notifyq.wake_v1(ARRAY[r.queue]) FROM released AS r;
 -- name: extend_leases
 UPDATE notifyq.jobs AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease)s::float8)
-FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS d(id, attempt)
+WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
   AND j.worker_id = %(worker_id)s
   AND j.attempt_count = d.attempt
 RETURNING j.id, j.cancel_requested_at IS NOT NULL;
@@ -205,8 +205,8 @@ SET status = 'cancelled',
     finished_at = now(),
     lease_expires_at = NULL,
     last_error = format('cancelled while running attempt %%s', j.attempt_count)
-FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.id = ANY(%(ids)s::uuid[]) AND (j.status = 'processing') IS TRUE
+FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS d(id, attempt)
+WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
   AND j.worker_id = %(worker_id)s
   AND j.attempt_count = d.attempt
 RETURNING j.id;
@@ -274,7 +274,7 @@ SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
 -- name: take_breaker_probes
 UPDATE notifyq.tasks
 SET breaker_open_until = now() + make_interval(secs => breaker_cooldown)
-WHERE name = ANY(%(tasks)s::text[]) AND breaker_open_until <= now()
+WHERE name = ANY(%(tasks)b::text[]) AND breaker_open_until <= now()
 RETURNING name;
 
 -- name: list_tasks
@@ -350,7 +350,7 @@ SELECT (SELECT count(*) FROM retried)::integer,
 -- Registers the worker as waiting for work (see notifyq.waiting_workers); answers whether it
 -- got the advisory lock that makes the claim after it see every earlier insert.
 -- name: mark_waiting
-SELECT notifyq.mark_waiting_v1(%(worker_id)s, %(queues)s::text[], %(ttl)s::float8);
+SELECT notifyq.mark_waiting_v1(%(worker_id)s, %(queues)b::text[], %(ttl)s::float8);
 
 -- name: unmark_waiting
 DELETE FROM notifyq.waiting_workers WHERE worker_id = %(worker_id)s;
@@ -478,13 +478,13 @@ SELECT max(version) FROM notifyq.migrations;
 -- Claims jobs under a task's concurrency or rate limit, or a queue's rate limit (see
 -- notifyq.claim_limited_v1).
 -- name: claim_limited_jobs
-SELECT * FROM notifyq.claim_limited_v1(%(worker_id)s, %(tasks)s::text[], %(queues)s::text[],
+SELECT * FROM notifyq.claim_limited_v1(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
                                        %(limit)s, %(lease)s::float8);
 
 -- Whether any limited task of these, or any rate-limited queue, exists: the worker calls the
 -- limited claim only then.
 -- name: limits_exist
-SELECT EXISTS (SELECT 1 FROM notifyq.tasks WHERE name = ANY(%(tasks)s::text[])
+SELECT EXISTS (SELECT 1 FROM notifyq.tasks WHERE name = ANY(%(tasks)b::text[])
                    AND (max_concurrency IS NOT NULL OR rate_limit IS NOT NULL))
     OR EXISTS (SELECT 1 FROM notifyq.queues WHERE rate_limit IS NOT NULL);
 
