@@ -505,8 +505,7 @@ def create_app(
             (spec.queue or "default", spec.task or "") for spec in specs
         ).items():
             metrics.enqueued.labels(queue, task_name).inc(count)
-        body = json.dumps({"results": [_enqueued(result) for result in results]})
-        return Response(body, media_type="application/json")
+        return Response(_enqueued_json(results), media_type="application/json")
 
     @app.post(
         "/jobs/{job_id}/cancel",
@@ -772,6 +771,27 @@ def _enqueued(result: EnqueueResult) -> dict[str, Any]:
 
 def _iso(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _enqueued_json(results: list[EnqueueResult]) -> str:
+    """``{"results": [...]}`` of POST /jobs/batch, written directly: every value is an id, a
+    status, a boolean or a time, none needing escapes, and a batch's jobs mostly share one
+    creation time, formatted once (dicts and json.dumps took a third of a batch's time)."""
+    times: dict[datetime, str] = {}
+
+    def iso(moment: datetime) -> str:
+        text = times.get(moment)
+        if text is None:
+            text = times[moment] = _iso(moment)
+        return text
+
+    parts = [
+        f'{{"job_id":"{r.job_id}","status":"{r.status.value}",'
+        f'"duplicate":{"true" if r.duplicate else "false"},'
+        f'"run_at":"{iso(r.run_at)}","created_at":"{iso(r.created_at)}"}}'
+        for r in results
+    ]
+    return '{"results":[' + ",".join(parts) + "]}"
 
 
 @contextlib.asynccontextmanager
