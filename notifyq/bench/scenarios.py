@@ -1185,7 +1185,7 @@ def claim_statement() -> tuple[bytes, dict[str, Any]]:
         "lease": 30.0,
         "probe": False,
     }
-    names = set(re.findall(rb"%\((\w+)\)s", query))
+    names = set(re.findall(rb"%\((\w+)\)[sbt]", query))
     unknown = {name.decode() for name in names} - set(known)
     if unknown:
         raise BenchError(
