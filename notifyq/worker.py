@@ -5,7 +5,7 @@ the claim loop, a small pool for everything else, and these duties, each its own
 
 - the producer claims up to the number of free slots in one statement whenever it is woken (a
   notification, the fallback poll timer, the next known ``run_at``, a freed slot when it was
-  saturated, a reconnect) and starts one task per job;
+  saturated, a reconnect) and hands each job to one of ``concurrency`` runner tasks;
 - the writer records outcomes in batches, one statement per kind, fenced by (worker, attempt);
 - the maintainer renews the leases of held jobs by heartbeat, cancels jobs whose lease was lost,
   and requeues other workers' jobs whose lease ran out.
