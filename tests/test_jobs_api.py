@@ -128,7 +128,7 @@ async def test_a_slot_runs_its_next_job_normally_after_a_cancel(
             assert (await client.post(f"/jobs/{job_id}/cancel")).status_code == 202
             expected = "completed" if swallow else "cancelled"
             await wait_for_status(conn, job_id, expected, timeout=5)
-            after = (await client.post("/jobs", json={"task": "quick", "payload": {"name": name}}))
+            after = await client.post("/jobs", json={"task": "quick", "payload": {"name": name}})
             row = await wait_for_status(conn, after.json()["job_id"], "completed", timeout=5)
             assert row["result"] == {"ok": name}
     assert started == ["first", "second"]
