@@ -88,21 +88,19 @@ class WorkerStats:
 
 @dataclass(slots=True)
 class _Running:
-    """A claimed job on its way through a runner. ``cancel`` stops its handler: the runner
-    task is cancelled while the handler runs, and a job not started yet is not started."""
+    """A claimed job on its way through a runner. ``cancel`` stops its handler by cancelling
+    the runner's scope while the handler runs; a job not started yet is not started."""
 
     job: ClaimedJob
     task: Task
-    runner: asyncio.Task[Any] | None = None
+    scope: anyio.CancelScope | None = None
     cancel_reason: str | None = None
-    cancel_sent: bool = False
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
             self.cancel_reason = reason
-        if self.runner is not None and not self.cancel_sent:
-            self.cancel_sent = True
-            self.runner.cancel()
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 @dataclass
@@ -469,46 +467,44 @@ class Worker:
     async def _runner(self, jobs: asyncio.Queue[_Running | None]) -> None:
         """One slot: runs the jobs it is given, one after the other, until a stop sign.
 
-        asyncio's own queue and task cancellation rather than anyio's stream and a cancel
-        scope per job: those asked for the current task several times per job, which cost a
-        quarter of a busy worker's CPU (anyio's cancellation of the whole task group still
-        reaches the runners as usual)."""
-        runner = asyncio.current_task()
-        assert runner is not None
-        while (running := await jobs.get()) is not None:
-            running.runner = runner
-            await self._run_job(running, runner)
+        The jobs run inside one cancel scope, which ``_Running.cancel`` cancels while its job
+        runs; only then is it left and a new one opened. A scope per job, and anyio's memory
+        stream, asked for the current task several times a job: a quarter of a busy worker's
+        CPU. The queue is asyncio's, whose get() does not wait when a job is there."""
+        while True:
+            with anyio.CancelScope() as scope:
+                while not scope.cancel_called:
+                    running = await jobs.get()
+                    if running is None:
+                        return
+                    await self._run_job(running, scope)
 
-    async def _run_job(self, running: _Running, runner: asyncio.Task[Any]) -> None:
+    async def _run_job(self, running: _Running, scope: anyio.CancelScope) -> None:
         job = running.job
         outcome: Success | Failure | None = None
-        stopped = running.cancel_reason is not None  # cancelled before it started
         try:
-            if not stopped:
-                try:
-                    outcome = await self._attempt(job, running.task)
-                except asyncio.CancelledError:
-                    if not running.cancel_sent:
-                        raise  # not ours: the worker itself is being cancelled
-                    stopped = True
-                finally:
-                    if running.cancel_sent:
-                        await self._absorb_cancel(runner)
-            if stopped and running.cancel_reason == "shutdown":
-                self._outbox.released.append(Held(job.id, job.attempt))
-                self._signal_outbox()
-            elif stopped and running.cancel_reason == "cancel":
-                self._outbox.cancelled.append(Held(job.id, job.attempt))
-                self._signal_outbox()
+            if running.cancel_reason is None:  # else cancelled before it started
+                running.scope = scope
+                outcome = await self._attempt(job, running.task)
         finally:
+            running.scope = None
             del self._running[job.id]
             self._free += 1
             if outcome is not None:
+                # Finished, even if a cancel came too late or the handler swallowed it.
                 if isinstance(outcome, Success):
                     self._outbox.done.append(outcome)
                 else:
                     self._outbox.failed.append(outcome)
                 self._signal_outbox()
+            elif running.cancel_reason == "shutdown":
+                self._outbox.released.append(Held(job.id, job.attempt))
+                self._signal_outbox()
+            elif running.cancel_reason == "cancel":
+                self._outbox.cancelled.append(Held(job.id, job.attempt))
+                self._signal_outbox()
+            # Else the worker itself is being cancelled: the job stays held, and the final
+            # writes put it back in the queue.
             if self._starved:
                 self._starved = False
                 self._wake("slot")
@@ -517,20 +513,6 @@ class Worker:
                     self._idle_event.set()
                 if self._burst:
                     self._wake()
-
-    @staticmethod
-    async def _absorb_cancel(runner: asyncio.Task[Any]) -> None:
-        """Takes back the cancellation ``_Running.cancel`` sent to ``runner``, so that it
-        cannot hit the runner's next job: it was either raised already (and caught), or is
-        still pending because the handler returned first, in which case it is raised here by
-        one pass of the event loop. A cancellation of the worker itself, arriving at the same
-        time, is delivered again by anyio until the runner exits."""
-        if runner.cancelling():
-            try:
-                await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                pass
-            runner.uncancel()
 
     async def _attempt(self, job: ClaimedJob, task: Task) -> Success | Failure:
         started = time.monotonic()

@@ -135,6 +135,40 @@ async def test_a_slot_runs_its_next_job_normally_after_a_cancel(
     assert worker.stats.cancelled == 1 and worker.stats.completed == 3
 
 
+async def test_a_cancel_is_delivered_again_and_spares_shielded_sections(
+    settings: Settings, conn: Any
+) -> None:
+    # A handler that shrugs off the first cancellation is cancelled again at its next await;
+    # a section it shields (a connection being closed, say) is not cut short.
+    shielded_done = anyio.Event()
+    started = anyio.Event()
+    seen: list[str] = []
+
+    async def stubborn(payload: dict[str, Any]) -> str:
+        started.set()
+        try:
+            await anyio.sleep(3600)
+        except BaseException:
+            seen.append("first cancel")
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.2)
+                shielded_done.set()
+        await anyio.sleep(3600)  # cancelled again here
+        return "not reached"
+
+    tasks = worker_registry(Registry([make_task(stubborn)]))
+    async with running_worker(settings, tasks) as worker, api(settings) as client:
+        job_id = (await client.post("/jobs", json={"task": "stubborn", "payload": {}})).json()[
+            "job_id"
+        ]
+        with anyio.fail_after(5):
+            await started.wait()
+        assert (await client.post(f"/jobs/{job_id}/cancel")).status_code == 202
+        row = await wait_for_status(conn, job_id, "cancelled", timeout=5)
+    assert shielded_done.is_set() and seen == ["first cancel"]
+    assert row["result"] is None and worker.stats.cancelled == 1
+
+
 async def test_a_cancel_whose_notification_was_lost_is_seen_by_the_heartbeat(
     settings: Settings, conn: Any
 ) -> None:
