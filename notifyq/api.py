@@ -34,6 +34,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from notifyq import __version__
 from notifyq.db import first_line, open_pool
@@ -727,7 +728,15 @@ async def _read_json(request: Request, model: type[Body]) -> Body:
             ]
         )
     try:
-        return model.model_validate_json(await request.body())
+        body = await request.body()
+    except ClientDisconnect:
+        raise StarletteHTTPException(
+            400, "the client went away before sending the whole body"
+        ) from None
+    if body.startswith(b"\xef\xbb\xbf"):
+        body = body[3:]  # a UTF-8 byte order mark, which JSON parsers may ignore (RFC 8259)
+    try:
+        return model.model_validate_json(body)
     except ValidationError as exc:
         errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
         raise RequestValidationError(errors) from None

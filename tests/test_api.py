@@ -667,6 +667,51 @@ async def test_body_that_is_not_json_typed_is_refused(client: httpx.AsyncClient)
     assert_client_error(response, 422)
 
 
+async def test_a_byte_order_mark_before_the_json_is_ignored(client: httpx.AsyncClient) -> None:
+    job_id = await enqueue_raw(client, b'\xef\xbb\xbf{"payload": {"k": 1}}')
+    assert (await get_job(client, job_id))["payload"] == {"k": 1}
+
+
+async def test_a_client_gone_mid_body_gets_a_400_and_nothing_is_stored(
+    settings: Settings, conn: Any
+) -> None:
+    app = create_app(settings.model_copy(update={"run_worker": False}))
+    sent: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return parts.pop(0) if parts else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for path in ("/jobs", "/jobs/batch"):
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
+        }
+        sent.clear()
+        parts[:] = [
+            {"type": "http.request", "body": b'{"payload": {"k"', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+        async with app.router.lifespan_context(app):
+            await app(scope, receive, send)
+        assert sent and sent[0]["status"] == 400, (path, sent)
+    cursor = await conn.execute("SELECT count(*) FROM notifyq.jobs")
+    assert (await cursor.fetchone())[0] == 0
+
+
 async def test_literal_backslash_u0000_text_is_not_a_nul(client: httpx.AsyncClient) -> None:
     # The six characters \u0000 (an escaped backslash in JSON) are ordinary text.
     job_id = await enqueue(client, {"payload": {"k": "\\u0000", "\\u0000": 1}})
