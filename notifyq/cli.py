@@ -7,6 +7,7 @@ ends with one line on stderr saying what to do, and a non-zero exit code.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -225,6 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _exit_now_if_threads_hang()
         return code
     except KeyboardInterrupt:
+        return 130
+    except asyncio.CancelledError:
+        # Ctrl-C on Python 3.10: anyio cancels the main task, and the cancellation (not a
+        # KeyboardInterrupt, as on 3.11) ends up here. No event loop runs at this level, so
+        # nothing else can have cancelled it.
         return 130
     except BrokenPipeError:
         # `notifyq jobs | head`: the reader left; not an error of ours.

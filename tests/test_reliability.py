@@ -48,8 +48,14 @@ async def test_retries_wait_longer_every_attempt(settings: Settings, conn: Any) 
 
 
 def psycopg_ts(text: str) -> Any:
+    """A time of the errors history, in PostgreSQL's JSON form: its fraction of a second may
+    have fewer than six digits, which Python 3.10's fromisoformat refuses."""
     from datetime import datetime
 
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[:digits].ljust(6, '0')[:6]}{rest[digits:]}"
     return datetime.fromisoformat(text)
 
 
