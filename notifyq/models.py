@@ -223,6 +223,8 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(","
 
 def encode_json(value: Any, *, what: str) -> str:
     """``value`` as JSON text that PostgreSQL's jsonb accepts, or InvalidJob saying why not."""
+    if value is None:
+        return "null"  # what most handlers return
     try:
         text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:

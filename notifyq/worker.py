@@ -561,8 +561,6 @@ class Worker:
                 started,
                 retryable=True,
             )
-        if result is None:
-            return Success(job.id, job.attempt, "null", time.monotonic() - started)
         try:
             result_json = encode_json(result, what=f"the result of task {task.name!r}")
         except InvalidJob as exc:
