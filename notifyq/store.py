@@ -287,10 +287,11 @@ class Store:
         params_of: Callable[[Sequence[T]], dict[str, Any]],
         what: str,
     ) -> list[Any]:
-        """Runs a batch statement over ``items`` at most WRITE_CHUNK at a time. Each statement
-        joins its unnest()ed arrays to the jobs it updates; with the generic plan of a prepared
-        statement that join is a nested loop, quadratic in the batch (1.4 s for 600 rows), so
-        the batches stay small enough for it not to matter."""
+        """Runs a batch statement over ``items`` at most WRITE_CHUNK at a time. Most of these
+        statements join their unnest()ed arrays to the jobs they update; with the generic plan
+        of a prepared statement that join is a nested loop, quadratic in the batch (1.4 s for
+        600 rows), so the batches stay small enough for it not to matter. complete_jobs is
+        linear (see notifyq.complete_v1)."""
         rows: list[Any] = []
         for start in range(0, len(items), WRITE_CHUNK):
             chunk = items[start : start + WRITE_CHUNK]

@@ -80,36 +80,18 @@ FROM notifyq.jobs
 WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)b::text[])
   AND (%(queues)b::text[] IS NULL OR queue = ANY(%(queues)b::text[]));
 
+-- Records successful attempts, one statement for a whole batch; notifyq.complete_v1 (sql/002)
+-- says how it finds the rows and fences off a worker that lost the lease.
+-- name: complete_jobs
+SELECT * FROM notifyq.complete_v1(%(worker_id)s, %(ids)b::uuid[], %(attempts)b::integer[],
+                                  %(results)b::jsonb[]);
+
 -- The fenced batch writes below find their rows through the primary key (j.id = ANY(ids)). They
 -- run as prepared statements with generic plans, and a bare "status = 'processing'" let such a
 -- plan walk jobs_lease_idx, every processing job of every worker (a second for a batch of 100
 -- at high concurrency); "(status = 'processing') IS TRUE" is the same test that no partial
 -- index can serve.
 --
--- Records successful attempts, one statement for a whole batch. The (worker_id, attempt_count)
--- check in the same UPDATE discards the result of a worker that lost the job's lease meanwhile.
--- A success closes its task's circuit breaker (the task works again).
--- name: complete_jobs
-WITH done AS (
-    UPDATE notifyq.jobs AS j
-    SET status = 'completed',
-        result = d.result,
-        finished_at = now(),
-        lease_expires_at = NULL
-    FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[], %(results)b::jsonb[])
-         AS d(id, attempt, result)
-    WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
-      AND j.worker_id = %(worker_id)s
-      AND j.attempt_count = d.attempt
-    RETURNING j.id, j.task
-), closed AS (
-    UPDATE notifyq.tasks AS t
-    SET consecutive_failures = 0, breaker_open_until = NULL
-    WHERE t.name IN (SELECT task FROM done)
-      AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
-)
-SELECT id FROM done;
-
 -- Records failed attempts: back to queued at now() + delay while attempts are left (and the error
 -- is retryable), else failed. Fenced like complete_jobs. A job whose newer duplicate (same queue
 -- and dedup_key) is queued is not retried: that newer job replaces it. Retryable failures count

@@ -175,3 +175,33 @@ async def test_enqueue_many_function_keeps_input_order(conn: Any) -> None:
                ARRAY[NULL, NULL, NULL, NULL]::integer[]) ORDER BY ord"""
     )
     assert await cursor.fetchall() == [(1, False), (2, False), (3, True), (4, False)]
+
+
+async def test_completions_find_their_jobs_by_primary_key_on_any_table(conn: Any) -> None:
+    """complete_v1 keeps one plan for its session. Made on an empty table, a free planner picks a
+    sequential scan and keeps it while the table grows; the function's settings must leave it
+    jobs_pkey. auto_explain shows the plan of the UPDATE inside the function."""
+    try:
+        await conn.execute("LOAD 'auto_explain'")
+    except psycopg.Error:
+        pytest.skip("this server has no auto_explain module")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_level = notice",
+        "plan_cache_mode = force_generic_plan",
+    ):
+        await conn.execute(f"SET {setting}")
+    assert await scalar(conn, "SELECT count(*) FROM notifyq.jobs") == 0
+    written = await scalar(
+        conn,
+        "SELECT count(*) FROM notifyq.complete_v1('w', ARRAY[gen_random_uuid()], ARRAY[1], "
+        "ARRAY['null'::jsonb])",
+    )
+    assert written == 0
+    updates = [plan for plan in plans if "Update on jobs" in plan]
+    assert updates, plans
+    assert "Index Scan using jobs_pkey" in updates[0]
+    assert "Seq Scan on jobs" not in updates[0]
