@@ -489,7 +489,9 @@ def _without_samples(raw: Any) -> Any:
 def throughput(ctx: Context) -> None:
     """A queue of N no-op jobs drained by the bare loop (claiming 500 at a time: the floor; and
     50 at a time: as many jobs in flight as the worker), then by one worker process at
-    concurrency 50, then by two."""
+    concurrency 50, then by two. The four take turns, round after round, each with processes
+    of its own: a ratio pairs runs of one round, seconds apart, so the machine's drift over the
+    scenario (other tenants, autovacuum, the page cache) does not land on one side of it."""
     jobs = ctx.sizes.drain_jobs
     raw: dict[str, Any] = {
         "jobs": jobs,
@@ -505,22 +507,22 @@ def throughput(ctx: Context) -> None:
         ("one", "1 worker"),
         ("two", "2 workers"),
     )
-    for who, label in runs:
-        ctx.step(f"starting the {label}")
-        if who == "bare":
-            procs = [ctx.start_bare_loop()]
-        elif who == "bare_c":
-            procs = [ctx.start_bare_loop(WORKER_CONCURRENCY)]
-        else:
-            procs = ctx.start_workers(1 if who == "one" else 2, WORKER_CONCURRENCY)
-        table = NOTIFYQ_JOBS if who in ("one", "two") else BARE_JOBS
-        try:
-            for r in range(ctx.repeat):
-                ctx.step(f"{label}: draining {jobs:,} jobs, repeat {r + 1}")
+    for r in range(ctx.repeat):
+        for who, label in runs:
+            ctx.step(f"{label}: starting, round {r + 1} of {ctx.repeat}")
+            if who == "bare":
+                procs = [ctx.start_bare_loop()]
+            elif who == "bare_c":
+                procs = [ctx.start_bare_loop(WORKER_CONCURRENCY)]
+            else:
+                procs = ctx.start_workers(1 if who == "one" else 2, WORKER_CONCURRENCY)
+            table = NOTIFYQ_JOBS if who in ("one", "two") else BARE_JOBS
+            try:
+                ctx.step(f"{label}: draining {jobs:,} jobs, round {r + 1} of {ctx.repeat}")
                 raw[who].append(drain(ctx, table, jobs, procs))
-                ctx.done()
-        finally:
-            ctx.children.stop(*procs)
+            finally:
+                ctx.children.stop(*procs)
+            ctx.done()
     bare = [run["jobs_per_s"] for run in raw["bare"]]
     one = [run["jobs_per_s"] for run in raw["one"]]
     two = [run["jobs_per_s"] for run in raw["two"]]
