@@ -290,8 +290,8 @@ class Store:
         """Runs a batch statement over ``items`` at most WRITE_CHUNK at a time. Most of these
         statements join their unnest()ed arrays to the jobs they update; with the generic plan
         of a prepared statement that join is a nested loop, quadratic in the batch (1.4 s for
-        600 rows), so the batches stay small enough for it not to matter. complete_jobs is
-        linear (see notifyq.complete_v1)."""
+        600 rows), so the batches stay small enough for it not to matter. complete_jobs and
+        fail_jobs are linear (see sql/002)."""
         rows: list[Any] = []
         for start in range(0, len(items), WRITE_CHUNK):
             chunk = items[start : start + WRITE_CHUNK]

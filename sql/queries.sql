@@ -80,63 +80,23 @@ FROM notifyq.jobs
 WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)b::text[])
   AND (%(queues)b::text[] IS NULL OR queue = ANY(%(queues)b::text[]));
 
--- Records successful attempts, one statement for a whole batch; notifyq.complete_v1 (sql/002)
--- says how it finds the rows and fences off a worker that lost the lease.
+-- Records successful attempts, one statement for a whole batch. notifyq.complete_v1 (sql/002)
+-- says how it finds the rows, and fences off a worker that lost the lease.
 -- name: complete_jobs
 SELECT * FROM notifyq.complete_v1(%(worker_id)s, %(ids)b::uuid[], %(attempts)b::integer[],
                                   %(results)b::jsonb[]);
 
--- The fenced batch writes below find their rows through the primary key (j.id = ANY(ids)). They
--- run as prepared statements with generic plans, and a bare "status = 'processing'" let such a
--- plan walk jobs_lease_idx, every processing job of every worker (a second for a batch of 100
--- at high concurrency); "(status = 'processing') IS TRUE" is the same test that no partial
--- index can serve.
---
--- Records failed attempts: back to queued at now() + delay while attempts are left (and the error
--- is retryable), else failed. Fenced like complete_jobs. A job whose newer duplicate (same queue
--- and dedup_key) is queued is not retried: that newer job replaces it. Retryable failures count
--- towards the task's circuit breaker, which opens for its cool-down once they reach its
--- threshold.
+-- Records failed attempts, one statement for a batch: see notifyq.fail_v1 (sql/002).
 -- name: fail_jobs
-WITH d AS (
-    SELECT d.*,
-           j.attempt_count < j.max_attempts AND d.retryable AND j.cancel_requested_at IS NULL
-               AS wants_retry,
-           notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-    FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[], %(errors)b::text[],
-                %(retryable)b::boolean[], %(delays)b::float8[])
-         AS d(id, attempt, error, retryable, delay)
-    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)b::uuid[])
-), failed AS (
-    UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
-        run_at = CASE WHEN d.wants_retry AND d.newer IS NULL
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE now() END,
-        worker_id = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE j.worker_id END,
-        lease_expires_at = NULL,
-        last_error = CASE WHEN d.wants_retry AND d.newer IS NOT NULL
-                          THEN d.error || format(E'\nnot retried: job %%s with the same dedup_key '
-                                                 'is queued and replaces it', d.newer)
-                          ELSE d.error END,
-        errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
-    FROM d
-    WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
-      AND j.worker_id = %(worker_id)s
-      AND j.attempt_count = d.attempt
-    RETURNING j.id, j.status, j.task, d.retryable
-), counted AS (
-    UPDATE notifyq.tasks AS t
-    SET consecutive_failures = t.consecutive_failures + f.n,
-        breaker_open_until = CASE
-            WHEN t.consecutive_failures + f.n >= t.breaker_threshold
-            THEN now() + make_interval(secs => t.breaker_cooldown)
-            ELSE t.breaker_open_until END
-    FROM (SELECT task, count(*) AS n FROM failed WHERE retryable GROUP BY task) AS f
-    WHERE t.name = f.task AND t.breaker_threshold IS NOT NULL
-)
-SELECT id, status FROM failed;
+SELECT * FROM notifyq.fail_v1(%(worker_id)s, %(ids)b::uuid[], %(attempts)b::integer[],
+                              %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[]);
 
+-- The fenced batch statements below, rarer than the two above, find their rows through the
+-- primary key (j.id = ANY(ids)). They run as prepared statements with generic plans, and a bare
+-- "status = 'processing'" let such a plan walk jobs_lease_idx, every processing job of every
+-- worker (a second for a batch of 100 at high concurrency); "(status = 'processing') IS TRUE" is
+-- the same test that no partial index can serve.
+--
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the
 -- interrupted attempt, and wakes the other workers. A job whose newer duplicate is queued is
 -- cancelled instead: that job replaces it.

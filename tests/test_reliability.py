@@ -13,8 +13,9 @@ import anyio
 import httpx
 
 from notifyq.api import create_app
+from notifyq.models import JobStatus
 from notifyq.settings import Settings
-from notifyq.store import Store
+from notifyq.store import Failure, Store
 from notifyq.tasks import CircuitBreaker, Registry, make_task, worker_registry
 from notifyq.worker import Worker
 from tests.helpers import (
@@ -240,3 +241,39 @@ async def test_a_lease_of_three_seconds_keeps_a_long_job(settings: Settings, con
         row = await wait_for_status(conn, job_id, "completed", timeout=15)
     assert (row["result"], row["attempt_count"]) == ("kept", 1)
     assert rescuer.stats.rescued == 0
+
+
+async def test_a_failure_with_a_newer_duplicate_queued_is_not_retried(
+    settings: Settings, conn: Any
+) -> None:
+    """The newer job with the same dedup_key replaces the failed one, which says so; a retryable
+    failure without such a duplicate goes back to the queue."""
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task, dedup_key, max_attempts) VALUES ('x', 'k', 3), "
+        "('x', NULL, 3)"
+    )
+    async with _pool(settings) as pool:
+        store = Store(pool)
+        claimed = await store.claim(worker_id="w", tasks=["x"], queues=None, limit=2, lease=30)
+        assert len(claimed) == 2
+        cursor = await conn.execute(
+            "INSERT INTO notifyq.jobs (task, dedup_key) VALUES ('x', 'k') RETURNING id"
+        )
+        newer = (await cursor.fetchone())[0]
+        written = await store.fail(
+            "w", [Failure(job.id, job.attempt, "boom", True, 5.0) for job in claimed]
+        )
+    cursor = await conn.execute(
+        "SELECT id, status, last_error, worker_id, run_at > now() FROM notifyq.jobs "
+        "WHERE id = ANY(%s) ORDER BY dedup_key NULLS LAST",
+        [[job.id for job in claimed]],
+    )
+    rows = await cursor.fetchall()
+    assert rows[0][1:] == (
+        "failed",
+        f"boom\nnot retried: job {newer} with the same dedup_key is queued and replaces it",
+        "w",
+        False,
+    )
+    assert rows[1][1:] == ("queued", "boom", None, True)
+    assert written == {rows[0][0]: JobStatus.FAILED, rows[1][0]: JobStatus.QUEUED}

@@ -177,10 +177,21 @@ async def test_enqueue_many_function_keeps_input_order(conn: Any) -> None:
     assert await cursor.fetchall() == [(1, False), (2, False), (3, True), (4, False)]
 
 
-async def test_completions_find_their_jobs_by_primary_key_on_any_table(conn: Any) -> None:
-    """complete_v1 keeps one plan for its session. Made on an empty table, a free planner picks a
-    sequential scan and keeps it while the table grows; the function's settings must leave it
-    jobs_pkey. auto_explain shows the plan of the UPDATE inside the function."""
+@pytest.mark.parametrize(
+    "call",
+    [
+        "notifyq.complete_v1('w', ARRAY[gen_random_uuid()], ARRAY[1], ARRAY['null'::jsonb])",
+        "notifyq.fail_v1('w', ARRAY[gen_random_uuid()], ARRAY[1], ARRAY['boom'], ARRAY[true], "
+        "ARRAY[1.0::float8])",
+    ],
+    ids=["complete_v1", "fail_v1"],
+)
+async def test_batch_writes_find_their_jobs_by_primary_key_on_any_table(
+    conn: Any, call: str
+) -> None:
+    """The batch writes keep one plan for their session. Made on an empty table, a free planner
+    picks a sequential scan and keeps it while the table grows; the functions' settings must
+    leave it jobs_pkey. auto_explain shows the plan of the statement inside the function."""
     try:
         await conn.execute("LOAD 'auto_explain'")
     except psycopg.Error:
@@ -195,12 +206,7 @@ async def test_completions_find_their_jobs_by_primary_key_on_any_table(conn: Any
     ):
         await conn.execute(f"SET {setting}")
     assert await scalar(conn, "SELECT count(*) FROM notifyq.jobs") == 0
-    written = await scalar(
-        conn,
-        "SELECT count(*) FROM notifyq.complete_v1('w', ARRAY[gen_random_uuid()], ARRAY[1], "
-        "ARRAY['null'::jsonb])",
-    )
-    assert written == 0
+    assert await scalar(conn, f"SELECT count(*) FROM {call}") == 0
     updates = [plan for plan in plans if "Update on jobs" in plan]
     assert updates, plans
     assert "Index Scan using jobs_pkey" in updates[0]
