@@ -14,7 +14,14 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    MutableMapping,
+)
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -496,11 +503,16 @@ def create_app(
     )
     async def post_batch(request: Request) -> Response:
         batch = await _read_json(request, BatchIn)
-        specs = [
-            job.spec(settings.default_task, where=("body", "jobs", index))
-            for index, job in enumerate(batch.jobs)
-        ]
-        results = await _store(request).enqueue_many(specs)
+        specs: list[JobSpec] = []
+
+        def checked() -> Iterator[JobSpec]:
+            # Built as the store takes them, so that the first jobs are inserted while the
+            # rest are checked; a 422 from a later one rolls the whole batch back.
+            for index, job in enumerate(batch.jobs):
+                specs.append(job.spec(settings.default_task, where=("body", "jobs", index)))
+                yield specs[-1]
+
+        results = await _store(request).enqueue_many(checked())
         for (queue, task_name), count in Counter(
             (spec.queue or "default", spec.task or "") for spec in specs
         ).items():

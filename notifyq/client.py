@@ -131,7 +131,9 @@ class Queue:
     ) -> list[EnqueueResult]:
         """Enqueues many jobs in one round trip; answers one result per job, in order. Each job
         is a :class:`JobSpec` or a mapping with the keys of :meth:`enqueue`."""
-        specs = [job if isinstance(job, JobSpec) else _spec_from_mapping(job) for job in jobs]
+        # Built as the store takes them: a large batch's first jobs are inserted while the
+        # rest are still being checked. An invalid one stores none.
+        specs = (job if isinstance(job, JobSpec) else _spec_from_mapping(job) for job in jobs)
         return await self.store.enqueue_many(specs, conn=conn)
 
     async def get(self, job_id: UUID | str) -> Job | None:

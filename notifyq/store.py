@@ -7,12 +7,13 @@ caller's own transaction). Connection failures come out as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from itertools import count, islice
 from typing import Any, Literal, TypeVar
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
@@ -66,7 +67,12 @@ class Rescued:
 #: Most rows one batch statement writes (see Store._in_chunks).
 WRITE_CHUNK = 100
 
+#: Jobs per statement of Store.enqueue_many. Sent in one pipeline, chunks of 250 moved 1,000
+#: jobs x1.35 as fast as one statement did; smaller chunks added statements for no gain.
+ENQUEUE_CHUNK = 250
+
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Store:
@@ -107,6 +113,17 @@ class Store:
                 return cursor.rowcount
             return None
 
+        return await self._on_connection(on, what=what, conn=conn)
+
+    async def _on_connection(
+        self,
+        on: Callable[[psycopg.AsyncConnection[Any]], Awaitable[R]],
+        *,
+        what: str,
+        conn: psycopg.AsyncConnection[Any] | None,
+    ) -> R:
+        """``on(conn)``, else ``on`` a pooled connection, run again on another one while the
+        pool hands out connections that the server had closed (see :meth:`_run`)."""
         with translate_errors(what):
             if conn is not None:
                 return await on(conn)
@@ -135,42 +152,80 @@ class Store:
         return EnqueueResult(row[0], JobStatus(row[2]), row[1], row[3], row[4])
 
     async def enqueue_many(
-        self, specs: Sequence[JobSpec], *, conn: psycopg.AsyncConnection[Any] | None = None
+        self, specs: Iterable[JobSpec], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[EnqueueResult]:
-        """Enqueues many jobs in one round trip; one result per spec, in order."""
-        if not specs:
+        """Enqueues many jobs in one transaction (within ``conn``'s when given); one result per
+        spec, in order. ``specs`` may be lazy, and may raise (InvalidJob, say): then nothing
+        is stored.
+
+        Up to ENQUEUE_CHUNK jobs go as one statement. A larger batch goes as one statement per
+        chunk, in one pipeline: each chunk is sent as soon as ``specs`` has yielded it, so that
+        PostgreSQL inserts it while the next one is validated and encoded."""
+        pending = iter(specs)
+        chunks = [list(islice(pending, ENQUEUE_CHUNK))]
+        if not chunks[0]:
             return []
-        params = {
-            "tasks": [s.task for s in specs],
-            "payloads": [s.payload_json for s in specs],
-            "queues": [s.queue for s in specs],
-            "priorities": [s.priority for s in specs],
-            "run_ats": [s.run_at for s in specs],
-            "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
-            "dedup_keys": [s.dedup_key for s in specs],
-            "max_attempts": [s.max_attempts for s in specs],
+        if len(chunks[0]) < ENQUEUE_CHUNK:
+            name, params = self._enqueue_many_statement(chunks[0])
+            rows = await self._run(name, params, what="enqueue", conn=conn)
+            return _enqueue_many_results(name, chunks[0], rows)
+
+        async def on(c: psycopg.AsyncConnection[Any]) -> list[EnqueueResult]:
+            # The chunks taken so far are kept, so that a retry on another connection sends
+            # them again before taking more.
+            sent = []
+            async with c.transaction(), c.pipeline():
+                for index in count():
+                    if index == len(chunks):
+                        chunk = list(islice(pending, ENQUEUE_CHUNK))
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                    name, params = self._enqueue_many_statement(chunks[index])
+                    cursor = c.cursor()
+                    await cursor.execute(self._q[name], params)
+                    sent.append((name, chunks[index], cursor))
+                results = []
+                for name, chunk, cursor in sent:
+                    results += _enqueue_many_results(name, chunk, await cursor.fetchall())
+            return results
+
+        return await self._on_connection(on, what="enqueue", conn=conn)
+
+    def _enqueue_many_statement(self, specs: list[JobSpec]) -> tuple[str, dict[str, Any]]:
+        """The query that enqueues ``specs`` (see :func:`_enqueue_many_results`), and its
+        parameters."""
+        tasks = [s.task for s in specs]
+        payloads = [s.payload_json for s in specs]
+        queues = [s.queue for s in specs]
+        priorities = [s.priority for s in specs]
+        run_ats = [s.run_at for s in specs]
+        max_attempts = [s.max_attempts for s in specs]
+        dedup_keys = [s.dedup_key for s in specs]
+        if dedup_keys.count(None) != len(specs) or None in tasks:
+            return "enqueue_many", {
+                "tasks": tasks,
+                "payloads": payloads,
+                "queues": queues,
+                "priorities": priorities,
+                "run_ats": run_ats,
+                "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
+                "dedup_keys": dedup_keys,
+                "max_attempts": max_attempts,
+                "fallback": self._default_max_attempts,
+            }
+        # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
+        # the ids in input order. A column that no job sets goes as one NULL.
+        return "enqueue_many_plain", {
+            "tasks": tasks,
+            "payloads": payloads,
+            "queues": _sparse(queues),
+            "priorities": _sparse(priorities),
+            "run_ats": _sparse(run_ats),
+            "delays": _sparse([s.delay for s in specs]),
+            "max_attempts": _sparse(max_attempts),
             "fallback": self._default_max_attempts,
         }
-        if any(s.dedup_key is not None or s.task is None for s in specs):
-            rows = await self._run("enqueue_many", params, what="enqueue", conn=conn)
-            return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
-        # No duplicates to look for and every task known: one INSERT ... SELECT, with ids made
-        # here so that no result has to be matched back to its input.
-        ids = [uuid4() for _ in specs]
-        row = await self._run(
-            "enqueue_many_plain", params | {"ids": ids}, what="enqueue", fetch="one", conn=conn
-        )
-        now: datetime = row[0]
-        return [
-            EnqueueResult(
-                job_id,
-                JobStatus.QUEUED,
-                False,
-                spec.run_at or (now + timedelta(seconds=spec.delay) if spec.delay else now),
-                now,
-            )
-            for job_id, spec in zip(ids, specs, strict=True)
-        ]
 
     async def get_job(self, job_id: UUID) -> Job | None:
         """The job, or None."""
@@ -517,6 +572,29 @@ class Store:
 
     async def _ids(self, query: str, params: dict[str, Any], what: str) -> set[UUID]:
         return {row[0] for row in await self._run(query, params, what=what)}
+
+
+def _enqueue_many_results(query: str, specs: list[JobSpec], rows: list[Any]) -> list[EnqueueResult]:
+    """The results of ``specs``, from the rows of the statement that enqueued them."""
+    if query == "enqueue_many":
+        return [EnqueueResult(r[1], JobStatus(r[3]), r[2], r[4], r[5]) for r in rows]
+    now: datetime = rows[0][0]
+    ids: list[UUID] = rows[0][2]
+    return [
+        EnqueueResult(
+            job_id,
+            JobStatus.QUEUED,
+            False,
+            spec.run_at or (now + timedelta(seconds=spec.delay) if spec.delay else now),
+            now,
+        )
+        for job_id, spec in zip(ids, specs, strict=True)
+    ]
+
+
+def _sparse(values: list[Any]) -> list[Any] | None:
+    """``values``, or None when every one is None (one NULL instead of an array of them)."""
+    return None if values.count(None) == len(values) else values
 
 
 def _held_params(worker_id: str, held: Iterable[Held]) -> dict[str, Any]:

@@ -114,6 +114,59 @@ async def test_enqueue_many_answers_in_order_with_duplicates(db_url: str, conn: 
     assert (await cursor.fetchone())[0] == {"i": 7}
 
 
+async def test_a_large_batch_is_one_transaction_answered_in_order(db_url: str, conn: Any) -> None:
+    """Over 250 jobs go as one statement per chunk in one pipeline: the answers keep the input
+    order, a duplicate in a later chunk finds the job of an earlier one, and the jobs may come
+    from an iterator."""
+    jobs: list[Any] = [{"task": "echo", "payload": {"i": i}} for i in range(620)]
+    jobs[5] = {"task": "echo", "payload": {"v": 1}, "dedup_key": "k"}
+    jobs[600] = {"task": "echo", "payload": {"v": 2}, "dedup_key": "k"}
+    async with Queue(db_url) as q:
+        results = await q.enqueue_many(iter(jobs))
+    assert len(results) == 620
+    assert results[600].job_id == results[5].job_id and results[600].duplicate
+    cursor = await conn.execute("SELECT id, payload FROM notifyq.jobs")
+    stored = dict(await cursor.fetchall())
+    assert len(stored) == 619
+    assert stored[results[5].job_id] == {"v": 2}
+    for i in (0, 249, 250, 499, 500, 619):
+        assert stored[results[i].job_id] == {"i": i}
+
+
+async def test_an_invalid_job_late_in_a_large_batch_stores_none(db_url: str, conn: Any) -> None:
+    """Checked while the first chunks are already inserted, it still rolls the batch back: on
+    the queue's own connection, and inside the caller's transaction, whose own work stays."""
+    jobs: list[Any] = [{"task": "echo", "payload": {"i": i}} for i in range(600)]
+    jobs[555] = {"task": "echo", "payload": {"text": "a\x00b"}}
+    async with Queue(db_url) as q:
+        with pytest.raises(InvalidJob, match="NUL"):
+            await q.enqueue_many(jobs)
+        async with await psycopg.AsyncConnection.connect(db_url) as mine:
+            await q.enqueue("echo", {"mine": True}, conn=mine)
+            with pytest.raises(InvalidJob, match="NUL"):
+                await q.enqueue_many(jobs, conn=mine)
+            await q.enqueue("echo", {"mine": 2}, conn=mine)
+            await mine.commit()
+    cursor = await conn.execute("SELECT payload ->> 'mine' FROM notifyq.jobs ORDER BY 1")
+    assert await cursor.fetchall() == [("2",), ("true",)]
+
+
+async def test_a_large_batch_survives_a_pooled_connection_the_server_closed(
+    db_url: str, conn: Any
+) -> None:
+    """The chunks already taken from the jobs are sent again on a fresh connection."""
+    async with Queue(db_url, pool_size=1) as q:
+        await q.enqueue("echo", {"warm": True})
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        results = await q.enqueue_many({"task": "echo", "payload": {"i": i}} for i in range(600))
+    assert len(results) == 600
+    cursor = await conn.execute("SELECT count(*) FROM notifyq.jobs WHERE payload ? 'i'")
+    assert await cursor.fetchone() == (600,)
+
+
 async def test_wait_answers_the_finished_job(db_url: str, settings: Settings) -> None:
     async with Queue(db_url) as q, running_worker(settings):
         result = await q.enqueue("hello_world", {"name": "notifyq"})

@@ -50,6 +50,27 @@ async def test_batch_enqueues_in_order_in_one_request(settings: Settings, conn: 
     assert empty.status_code == 422
 
 
+async def test_a_late_malformed_job_in_a_large_batch_stores_none(
+    settings: Settings, conn: Any
+) -> None:
+    """A large batch is inserted chunk by chunk while the rest is checked; a job refused after
+    the first chunks went in still rolls the whole batch back."""
+    jobs: list[dict[str, Any]] = [{"task": "echo", "payload": {"i": i}} for i in range(600)]
+    jobs[590] = {"task": "echo", "payload": {"text": "a\u0000b"}}
+    async with api(settings) as client:
+        bad = await client.post("/jobs/batch", json={"jobs": jobs})
+        jobs[590] = {"task": "echo", "payload": {"i": 590}}
+        good = await client.post("/jobs/batch", json={"jobs": jobs})
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["detail"][0]["loc"][:3] == ["body", "jobs", 590]
+    assert good.status_code == 200, good.text
+    results = good.json()["results"]
+    cursor = await conn.execute("SELECT id::text, payload FROM notifyq.jobs")
+    stored = dict(await cursor.fetchall())
+    assert len(stored) == 600
+    assert [stored[result["job_id"]]["i"] for result in results] == list(range(600))
+
+
 async def test_cancel_a_queued_job(settings: Settings, conn: Any) -> None:
     async with api(settings) as client:
         job_id = (await client.post("/jobs", json={"payload": {}})).json()["job_id"]
@@ -280,7 +301,10 @@ async def test_ready_reports_each_part(settings: Settings, conn: Any) -> None:
     ):
         answer = await client.get("/ready")
         assert answer.status_code == 200 and answer.json()["listener"] == "ok"
-        await conn.execute("DELETE FROM notifyq.migrations WHERE version = 1")
+        await conn.execute(
+            "DELETE FROM notifyq.migrations WHERE version = (SELECT max(version) "
+            "FROM notifyq.migrations)"
+        )
         stale = await client.get("/ready")
     assert stale.status_code == 503
     assert "this notifyq needs" in stale.json()["migrations"]
