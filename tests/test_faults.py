@@ -115,6 +115,9 @@ def test_soak_kill_and_restart_workers_no_job_lost_only_killed_jobs_rerun(
             workers[victim].wait()
             killed.add(workers[victim].pid)
             workers[victim] = start("worker", env=env, name=f"w{victim}")
+            # Before it is ready it has no handler for SIGTERM yet: the final stop below would
+            # kill a worker restarted just then (exit -15), which is not what it tests.
+            workers[victim].wait_for_output("ready")
         for worker in workers:
             worker.signal(signal.SIGTERM)
         assert [w.wait() for w in workers] == [0, 0, 0]
