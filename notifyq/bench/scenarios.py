@@ -98,7 +98,7 @@ class Sizes:
             memory_jobs=20_000,
             api_seconds=6.0,
             api_connections=32,
-            batch_calls=20,
+            batch_calls=50,
             batch_size=1_000,
             insert_seconds=6.0,
             history_rows=1_000_000,
