@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated scenarios to run: {names} (default: all)",
     )
     parser.add_argument(
-        "--repeat", type=int, help="runs of each figure (default 3; 1 with --quick)"
+        "--repeat", type=int, help="runs of each figure (default 5; 1 with --quick)"
     )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result here")
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             print(f"notifyq bench: error: {missing}", file=sys.stderr)
             return EXIT_USAGE
-    repeat = args.repeat or (1 if args.quick else 3)
+    repeat = args.repeat or (1 if args.quick else 5)
     url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
     sizes = Sizes.of(args.quick)
     results = Results(meta=_meta(url, args, scenarios, repeat))
