@@ -129,8 +129,9 @@ class Queue:
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[EnqueueResult]:
-        """Enqueues many jobs in one round trip; answers one result per job, in order. Each job
-        is a :class:`JobSpec` or a mapping with the keys of :meth:`enqueue`."""
+        """Enqueues many jobs in one transaction, all or none, waiting on the database once;
+        answers one result per job, in order. Each job is a :class:`JobSpec` or a mapping with
+        the keys of :meth:`enqueue`."""
         # Built as the store takes them: a large batch's first jobs are inserted while the
         # rest are still being checked. An invalid one stores none.
         specs = (job if isinstance(job, JobSpec) else _spec_from_mapping(job) for job in jobs)
