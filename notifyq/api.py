@@ -43,8 +43,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from notifyq import __version__
-from notifyq.db import first_line, open_pool
-from notifyq.errors import DatabaseUnavailable, InvalidJob
+from notifyq.db import database_url, first_line, open_pool
+from notifyq.errors import ConfigurationError, DatabaseUnavailable, InvalidJob
 from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
 from notifyq.migrations import latest_version, migrate
 from notifyq.models import (
@@ -61,6 +61,7 @@ from notifyq.models import (
 )
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
+from notifyq.supervisor import Supervisor
 from notifyq.tasks import Registry
 from notifyq.worker import Worker
 
@@ -283,6 +284,9 @@ class ReadyOut(BaseModel):
     database: str
     migrations: str
     listener: str
+    worker: str | None = Field(
+        default=None, description="Why the worker of this process is not running, if so."
+    )
 
 
 class JobPage(BaseModel):
@@ -356,26 +360,28 @@ def create_app(
     """Builds the app. ``settings`` default to the environment's; ``registry`` is what the
     in-process worker serves (default: built-ins and every ``@task``)."""
     settings = settings if settings is not None else Settings.load()
+    # Only `notifyq dev` starts an embedded PostgreSQL (and passes its URL in): a forgotten
+    # DATABASE_URL in production must not create a second, empty job store.
+    database_url(settings)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with _database(settings) as ready:
-            if ready.auto_migrate:
-                await migrate(ready)
-            async with open_pool(ready, name="api", min_size=1, wait=False) as pool:
-                app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(ready))
-                if not ready.run_worker:
+        if settings.auto_migrate:
+            await migrate(settings)
+        async with open_pool(settings, name="api", min_size=1, wait=False) as pool:
+            app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
+            if not settings.run_worker:
+                yield
+                return
+            supervisor = Supervisor(lambda: Worker(settings, registry, metrics=metrics))
+            app.state.supervisor = supervisor
+            async with anyio.create_task_group() as tg:
+                await tg.start(supervisor.run)
+                try:
                     yield
-                    return
-                worker = Worker(ready, registry, metrics=metrics)
-                app.state.worker = worker
-                async with anyio.create_task_group() as tg:
-                    await tg.start(worker.run)
-                    try:
-                        yield
-                    finally:
-                        worker.stop()
+                finally:
+                    supervisor.stop()
 
     app = FastAPI(
         title="notifyq",
@@ -532,16 +538,17 @@ def create_app(
     )
     async def cancel_job(job_id: UUID, request: Request) -> JSONResponse:
         store = _store(request)
-        was = await store.cancel_job(job_id)
+        outcome = await store.cancel_job(job_id)
         job = await store.get_job(job_id)
-        if was is None or job is None:
+        if outcome is None or job is None:
             return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
-        if was.finished:
+        if outcome.was.finished:
             return JSONResponse(
-                {"detail": f"job {job_id} already {was.value}; nothing to cancel"},
+                {"detail": f"job {job_id} already {outcome.was.value}; nothing to cancel"},
                 status_code=409,
             )
-        code = 202 if job.status is JobStatus.PROCESSING else 200
+        # 202 only while a live worker holds the job and was asked to stop it.
+        code = 202 if outcome.now is JobStatus.PROCESSING else 200
         return JSONResponse(JobOut.of(job).model_dump(mode="json"), status_code=code)
 
     @app.delete(
@@ -610,10 +617,14 @@ def create_app(
             latest = latest_version()
             if version != latest:
                 body["migrations"] = f"at version {version}, this notifyq needs {latest}"
-        worker: Worker | None = getattr(request.app.state, "worker", None)
-        if worker is None:
+        supervisor: Supervisor | None = getattr(request.app.state, "supervisor", None)
+        worker = None if supervisor is None else supervisor.worker
+        if supervisor is None:
             body["listener"] = "no worker in this process"
-        elif worker.listener is None or not worker.listener.connected:
+        elif supervisor.problem is not None:
+            body["listener"] = "disconnected"
+            body["worker"] = supervisor.problem
+        elif worker is None or worker.listener is None or not worker.listener.connected:
             body["listener"] = "disconnected"
         failing = body["database"] != "ok" or body["migrations"] != "current"
         if failing or body["listener"] == "disconnected":
@@ -673,7 +684,7 @@ def create_app(
         summary="Liveness and database reachability",
     )
     async def health(request: Request) -> JSONResponse:
-        worker: Worker | None = getattr(request.app.state, "worker", None)
+        worker = _worker_of(request)
         body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
         if worker is not None:
             listener = worker.listener
@@ -807,24 +818,6 @@ def _batch_json(results: list[EnqueueResult]) -> str:
     return '{"results":[' + ",".join(_enqueued_json(r, iso) for r in results) + "]}"
 
 
-@contextlib.asynccontextmanager
-async def _database(settings: Settings) -> AsyncIterator[Settings]:
-    """``settings`` with a database: DATABASE_URL's, or an embedded PostgreSQL (as
-    ``notifyq dev`` uses) for the app's lifetime when it is unset."""
-    if settings.database_url:
-        yield settings
-        return
-    from notifyq.embedded import EmbeddedPostgres
-
-    server = EmbeddedPostgres(settings.data_dir)
-    url = await anyio.to_thread.run_sync(server.acquire)
-    logger.warning("DATABASE_URL is unset: using an embedded PostgreSQL in %s", server.data_dir)
-    try:
-        yield settings.model_copy(update={"database_url": url})
-    finally:
-        await anyio.to_thread.run_sync(server.release)
-
-
 def _encode_cursor(job: Job) -> str:
     raw = f"{job.created_at.isoformat()}|{job.id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -850,6 +843,12 @@ async def _set_paused(request: Request, queue: str, paused: bool) -> QueueOut:
     await store.configure_queue(queue, paused=paused)
     rows = {row["queue"]: row for row in await store.queue_stats()}
     return QueueOut(**rows[queue])
+
+
+def _worker_of(request: Request) -> Worker | None:
+    """The worker running in this process now, if any."""
+    supervisor: Supervisor | None = getattr(request.app.state, "supervisor", None)
+    return None if supervisor is None else supervisor.worker
 
 
 def _store(request: Request) -> Store:
@@ -1072,10 +1071,14 @@ _app: FastAPI | None = None
 
 
 def __getattr__(name: str) -> Any:
-    """Builds ``app`` from the environment when uvicorn first asks for it."""
+    """Builds ``app`` from the environment when uvicorn first asks for it; bad or missing
+    settings end the process with one line saying what to set."""
     global _app
     if name == "app":
         if _app is None:
-            _app = create_app()
+            try:
+                _app = create_app()
+            except ConfigurationError as exc:
+                raise SystemExit(f"notifyq: error: {exc}") from None
         return _app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

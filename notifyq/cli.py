@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 import anyio
 
 from notifyq import __version__
-from notifyq.db import redact
-from notifyq.errors import InvalidJob, NotifyQError
+from notifyq.db import database_url, redact
+from notifyq.errors import InvalidJob, NotifyQError, describe
 from notifyq.logs import configure as configure_logging
 
 logger = logging.getLogger("notifyq")
@@ -156,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("tasks", help="list the tasks workers registered, with their options")
 
+    grant = commands.add_parser(
+        "grant",
+        help="give a database role the least privileges of a producer or of a worker (and API)",
+    )
+    grant.add_argument("role", metavar="ROLE")
+    grant.add_argument(
+        "--as",
+        dest="kind",
+        choices=["producer", "worker"],
+        required=True,
+        help="producer: enqueue and read jobs; worker: run workers and the API (no DDL)",
+    )
+    grant.add_argument(
+        "--print", action="store_true", help="print the GRANT statements instead of running them"
+    )
+
     prune = commands.add_parser(
         "prune", help="delete finished jobs past their keep time (NOTIFYQ_KEEP_*) now"
     )
@@ -218,10 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _settings(args)
         configure_logging(settings.log_level, settings.log_format)
         command: Callable[[argparse.Namespace, Any], int] = _COMMANDS[args.command]
-        if args.command == "dev" and args.reset:
-            _reset_embedded(settings)
-        with _database(settings) as ready:
-            code = command(args, ready)
+        if args.command == "dev":
+            if args.reset:
+                _reset_embedded(settings)
+            with _database(settings) as ready:
+                code = command(args, ready)
+        else:
+            # Only `notifyq dev` starts an embedded PostgreSQL: a forgotten DATABASE_URL must
+            # not give a worker or a producer a second, empty job store of its own.
+            if not (args.command == "grant" and args.print):
+                database_url(settings)
+            code = command(args, settings)
         if args.command in ("worker", "serve", "dev"):
             _exit_now_if_threads_hang()
         return code
@@ -303,9 +326,9 @@ def _hard_exit(code: int) -> None:
 
 @contextlib.contextmanager
 def _database(settings: Any) -> Iterator[Any]:
-    """The settings with a database: DATABASE_URL's, or an embedded PostgreSQL started (or
-    joined, when another notifyq process of this user runs one) for as long as the command
-    runs."""
+    """The settings of ``notifyq dev`` with a database: DATABASE_URL's, or an embedded PostgreSQL
+    started (or joined, when another notifyq process of this user runs one) for as long as the
+    command runs."""
     if settings.database_url:
         yield settings
         return
@@ -322,7 +345,7 @@ def _database(settings: Any) -> Iterator[Any]:
         _BEFORE_HARD_EXIT.append(server.release)
         try:
             ready = settings.model_copy(update={"database_url": server.url})
-            # Zero setup: a fresh embedded server gets its schema whatever the command.
+            # Zero setup: a fresh embedded server gets its schema.
             from notifyq.migrations import migrate
 
             anyio.run(lambda: migrate(ready, progress=lambda line: _say(f"notifyq: {line}")))
@@ -368,7 +391,7 @@ def _prepare_tasks(settings: Any) -> None:
 
 
 def _worker(args: argparse.Namespace, settings: Any) -> int:
-    from notifyq.migrations import migrate
+    from notifyq.migrations import check_schema, migrate
     from notifyq.worker import Worker
 
     _prepare_tasks(settings)
@@ -376,6 +399,8 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
     async def run() -> None:
         if settings.auto_migrate:
             await migrate(settings)
+        else:
+            await check_schema(settings)
         metrics = None
         if args.metrics_port is not None:
             from prometheus_client import start_http_server
@@ -393,7 +418,18 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
             await worker.run()
             tg.cancel_scope.cancel()
 
-    anyio.run(run, backend_options={"use_uvloop": _has_uvloop()})
+    try:
+        anyio.run(run, backend_options={"use_uvloop": _has_uvloop()})
+    except Exception as exc:
+        if _one_line(exc) is not None:
+            raise  # a failure main() reports in one line
+        # A bug: keep its traceback in the log, end with one line, exit 1 (a supervisor
+        # restarts the worker; its jobs come back when their leases run out).
+        logger.error("the worker stopped on an unexpected error", exc_info=exc)
+        raise _Failed(
+            f"the worker stopped on an unexpected error ({describe(exc)}); its traceback is "
+            "in the log above"
+        ) from exc
     return 0
 
 
@@ -481,12 +517,15 @@ def _run_server(settings: Any, banner: list[str]) -> int:
     import uvicorn
 
     from notifyq.api import create_app
-    from notifyq.migrations import migrate
+    from notifyq.migrations import check_schema, migrate
 
     _prepare_tasks(settings)
-    # Migrate (and so prove the database answers) before uvicorn starts, so that a bad URL is
-    # one line of error instead of a failed lifespan.
-    anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
+    # Migrate (or check the schema, for a role that may not change it) before uvicorn starts,
+    # proving that the database answers: a bad URL is one line of error, not a failed lifespan.
+    if settings.auto_migrate:
+        anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
+    else:
+        anyio.run(check_schema, settings)
     app = create_app(settings.model_copy(update={"auto_migrate": False}))
     server = _make_server(
         uvicorn.Config(
@@ -501,9 +540,9 @@ def _run_server(settings: Any, banner: list[str]) -> int:
     )
 
     def forget_idle_mark() -> None:
-        worker = getattr(app.state, "worker", None)
-        if worker is not None:
-            worker.forget_idle_mark()
+        supervisor = getattr(app.state, "supervisor", None)
+        if supervisor is not None and supervisor.worker is not None:
+            supervisor.worker.forget_idle_mark()
 
     _BEFORE_HARD_EXIT.insert(0, forget_idle_mark)
     for line in banner:
@@ -759,12 +798,12 @@ def _cancel(args: argparse.Namespace, settings: Any) -> int:
         lines = []
         async with Queue(settings=settings, pool_size=1) as q:
             for text in args.job_ids:
-                was = await q.store.cancel_job(_parse_job_id(text))
-                if was is None:
+                outcome = await q.store.cancel_job(_parse_job_id(text))
+                if outcome is None:
                     lines.append(f"{text}: no such job")
-                elif was.finished:
-                    lines.append(f"{text}: already {was.value}")
-                elif was.value == "queued":
+                elif outcome.was.finished:
+                    lines.append(f"{text}: already {outcome.was.value}")
+                elif outcome.now.finished:
                     lines.append(f"{text}: cancelled")
                 else:
                     lines.append(f"{text}: running; its worker was asked to stop it")
@@ -840,7 +879,36 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def _grant(args: argparse.Namespace, settings: Any) -> int:
+    import psycopg
+
+    from notifyq.db import first_line
+    from notifyq.grants import statements
+
+    found = statements(args.role, args.kind)
+    if args.print:
+        for statement in found:
+            print(f"{statement.as_string(None)};")
+        return 0
+    url = settings.database_url
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            with conn.transaction():
+                for statement in found:
+                    conn.execute(statement)
+    except psycopg.OperationalError as exc:
+        raise _Failed(f"cannot connect to {redact(url)}: {first_line(exc)}") from None
+    except psycopg.Error as exc:
+        raise _Failed(
+            f"could not grant {args.kind} privileges to {args.role!r}: {first_line(exc)} (run "
+            "it as the owner of the notifyq schema, after `notifyq migrate`)"
+        ) from None
+    _say(f"notifyq: {args.role} has the privileges of a {args.kind} now")
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "grant": _grant,
     "cancel": _cancel,
     "tasks": _tasks,
     "prune": _prune,

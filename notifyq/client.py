@@ -14,9 +14,9 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from notifyq.db import database_url as url_of
 from notifyq.db import open_pool
 from notifyq.errors import InvalidJob, JobNotFound
-from notifyq.migrations import migrate
 from notifyq.models import EnqueueResult, Job, JobSpec
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
@@ -37,7 +37,7 @@ class Queue:
     """A handle on a notifyq database for submitting and reading jobs.
 
     Open it with ``async with``; it holds a small connection pool. Without a URL it uses
-    DATABASE_URL, or else the embedded PostgreSQL that ``notifyq dev`` runs. Every ``enqueue`` takes
+    DATABASE_URL (``notifyq dev`` prints the URL of its embedded server). Every ``enqueue`` takes
     ``conn=``: a psycopg ``AsyncConnection`` of the caller, in which case the job is written in
     the caller's transaction and becomes visible, and wakes workers, only when it commits.
     """
@@ -53,6 +53,9 @@ class Queue:
             settings = Settings.load(database_url=database_url)
         elif database_url is not None:
             settings = settings.model_copy(update={"database_url": database_url})
+        # No embedded server here: a forgotten DATABASE_URL must fail, not enqueue into a
+        # job store that no worker reads.
+        url_of(settings)
         self._settings = settings.model_copy(update={"pool_size": pool_size})
         self._pool: AsyncConnectionPool | None = None
         self._store: Store | None = None
@@ -61,15 +64,6 @@ class Queue:
     async def __aenter__(self) -> Queue:
         async with contextlib.AsyncExitStack() as stack:
             settings = self._settings
-            if not settings.database_url:
-                # No URL anywhere: join (or start) the embedded server, as `notifyq dev` does.
-                from notifyq.embedded import EmbeddedPostgres
-
-                server = EmbeddedPostgres(settings.data_dir)
-                url = await anyio.to_thread.run_sync(server.acquire)
-                stack.push_async_callback(anyio.to_thread.run_sync, server.release)
-                settings = settings.model_copy(update={"database_url": url})
-                await migrate(settings)  # a fresh embedded server has no schema yet
             self._pool = await stack.enter_async_context(
                 open_pool(settings, name="client", min_size=1)
             )

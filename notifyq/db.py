@@ -4,15 +4,23 @@ psycopg's connection errors become :class:`~notifyq.errors.DatabaseUnavailable`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
+from psycopg import adapt, pq
+from psycopg.abc import AdaptContext, Buffer, Loader
+from psycopg.adapt import AdaptersMap
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from notifyq.errors import ConfigurationError, DatabaseUnavailable
+from notifyq.models import decode_stored_json
 from notifyq.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -29,14 +37,17 @@ def database_url(settings: Settings) -> str:
     """The database URL, or an error that says how to give one."""
     if not settings.database_url:
         raise ConfigurationError(
-            "DATABASE_URL is not set: export DATABASE_URL=postgresql://user@host:5432/dbname"
+            "DATABASE_URL is not set: export DATABASE_URL=postgresql://user@host:5432/dbname "
+            "(only `notifyq dev` starts an embedded PostgreSQL when it is unset, and prints "
+            "its URL)"
         )
     return settings.database_url
 
 
 def connect_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
     """Options for every connection: a connect timeout, TCP keepalives that notice a dead peer
-    within seconds, and a statement timeout so that a stuck query cannot outlive a lease."""
+    within seconds, a statement timeout so that a stuck query cannot outlive a lease, a
+    search_path that no other role can write to, and loaders that survive any stored row."""
     timeout_ms = int(settings.query_timeout * 1000)
     return {
         "autocommit": True,
@@ -47,8 +58,59 @@ def connect_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
         "keepalives_interval": 2,
         "keepalives_count": 3,
         # JIT compiles for tens of milliseconds what runs in one: never worth it for a queue.
-        "options": f"-c statement_timeout={timeout_ms} -c jit=off",
+        # The search_path keeps a role that may create objects in public (anyone, on
+        # PostgreSQL 13 and 14) from shadowing a built-in that our statements call.
+        "options": f"-c statement_timeout={timeout_ms} -c jit=off "
+        "-c search_path=pg_catalog,pg_temp",
+        "context": safe_adapters(),
     }
+
+
+@functools.cache
+def safe_adapters() -> AdaptersMap:
+    """psycopg's adapters, except that no stored value can make a read fail: JSON that Python
+    cannot decode (nested thousands deep, a number of 5,000 digits: jsonb takes both) loads as
+    :class:`~notifyq.models.Undecodable`, and times beyond Python's range ('infinity', the
+    year 20000) load as the largest or smallest datetime. Such a value arrives by SQL, where any
+    producer may write it; it must fail its job, not the worker or the API that reads it."""
+    adapters = AdaptersMap(psycopg.adapters)
+    set_json_loads(decode_stored_json, adapters)
+    oid = adapters.types["timestamptz"].oid
+    for fmt in (pq.Format.TEXT, pq.Format.BINARY):
+        base = adapters.get_loader(oid, fmt)
+        if base is not None:
+            adapters.register_loader(oid, _clamped(base, binary=fmt == pq.Format.BINARY))
+    return adapters
+
+
+_LATEST = datetime.max.replace(tzinfo=timezone.utc)
+_EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def _clamped(base: type[Loader], *, binary: bool) -> type[Loader]:
+    """A timestamptz loader that answers the nearest datetime Python holds where ``base`` (a C
+    class, which cannot be subclassed) refuses the value."""
+
+    class ClampedTimestamptzLoader(adapt.Loader):
+        format = pq.Format.BINARY if binary else pq.Format.TEXT
+
+        def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+            super().__init__(oid, context)
+            self._inner = base(oid, context)
+
+        def load(self, data: Buffer) -> datetime:
+            try:
+                moment: datetime = self._inner.load(data)
+            except psycopg.DataError:
+                raw = bytes(data)
+                if binary:
+                    before = int.from_bytes(raw, "big", signed=True) < 0
+                else:
+                    before = raw.startswith(b"-") or raw.endswith(b"BC")
+                return _EARLIEST if before else _LATEST
+            return moment
+
+    return ClampedTimestamptzLoader
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -103,7 +165,7 @@ async def open_pool(
                 f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running "
                 "and DATABASE_URL is right"
             )
-    pool: AsyncConnectionPool = AsyncConnectionPool(
+    pool: AsyncConnectionPool = _Pool(
         url,
         kwargs=connect_kwargs(settings, f"notifyq-{name}"),
         min_size=min_size,
@@ -137,3 +199,29 @@ async def _why_unreachable(url: str, settings: Settings) -> str | None:
         return first_line(exc)
     await conn.close()
     return None
+
+
+#: Longest wait between two attempts of a pool to reconnect. psycopg_pool doubles the wait after
+#: each failure, up to its reconnect timeout (5 minutes): after an outage of 3 minutes a pool
+#: waited 30 s more before it tried again, while the listener was long back.
+MAX_RECONNECT_DELAY = 2.0
+
+
+class _CappedAttempt(AttemptWithBackoff):
+    """psycopg_pool's backoff between reconnection attempts, capped at MAX_RECONNECT_DELAY."""
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, MAX_RECONNECT_DELAY)
+
+
+class _Pool(AsyncConnectionPool):
+    """The pool, reconnecting at least every MAX_RECONNECT_DELAY seconds after an outage, so
+    that every part of a process is back within seconds of the database."""
+
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        if attempt is None:
+            attempt = _CappedAttempt(timeout=self.reconnect_timeout)
+        await super()._add_connection(attempt, growing)

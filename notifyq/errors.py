@@ -43,3 +43,12 @@ class TaskError(NotifyQError):
 class PermanentFailure(NotifyQError):
     """Raise from a task handler to fail the job at once, without the retries it has left
     (for input that will never work, such as a malformed payload)."""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message`` of ``exc``, looking inside exception groups of one
+    (a task group wraps the error of the task that failed), for one-line reports."""
+    while len(getattr(exc, "exceptions", ())) == 1:
+        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

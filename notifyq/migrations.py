@@ -122,3 +122,33 @@ async def _store_settings(conn: psycopg.AsyncConnection, settings: Settings) -> 
 def latest_version() -> int:
     """The newest migration this notifyq ships."""
     return max(migration.version for migration in load_migrations())
+
+
+async def check_schema(settings: Settings) -> None:
+    """Raises MigrationError, saying what to run, unless the database's schema is the one this
+    notifyq needs: for processes that do not migrate (NOTIFYQ_AUTO_MIGRATE=false), such as a
+    role allowed only to read and write rows."""
+    url = database_url(settings)
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=max(1, round(settings.connect_wait))
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {redact(url)}: {first_line(exc)}; check that PostgreSQL is "
+            "running and DATABASE_URL is right"
+        ) from exc
+    async with conn:
+        try:
+            cursor = await conn.execute("SELECT max(version) FROM notifyq.migrations")
+            row = await cursor.fetchone()
+        except psycopg.Error:
+            row = None
+    version = row[0] if row else None
+    latest = latest_version()
+    if version != latest:
+        found = "no notifyq schema" if version is None else f"schema version {version}"
+        raise MigrationError(
+            f"the database has {found}, this notifyq needs version {latest}, and "
+            "NOTIFYQ_AUTO_MIGRATE is off: run `notifyq migrate` as the schema's owner first"
+        )

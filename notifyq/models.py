@@ -243,6 +243,45 @@ def encode_json(value: Any, *, what: str) -> str:
     return text
 
 
+class Undecodable(dict[str, str]):
+    """Stands in for a stored JSON value that notifyq cannot decode: one nested deeper than
+    :data:`MAX_DEPTH` (inserted by SQL, where jsonb takes thousands of levels), or holding a number
+    longer than Python reads. It is the object ``{"undecodable": reason}``, so a reader of the row
+    (``GET /jobs``, say) still works; a worker that claims a job whose payload is one fails that
+    job at once with the reason, without running it."""
+
+    __slots__ = ()
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(undecodable=reason)
+
+    @property
+    def reason(self) -> str:
+        """Why the value could not be decoded."""
+        return self["undecodable"]
+
+
+def decode_stored_json(data: bytes | bytearray | memoryview | str) -> Any:
+    """A JSON value as PostgreSQL stores it, or :class:`Undecodable` saying why it cannot be
+    read. Never raises: one row's data must not break a worker's loop or the API."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        return Undecodable(
+            "the stored JSON nests too deeply for Python to read (more than about 1000 levels)"
+        )
+    except ValueError as exc:
+        return Undecodable(f"the stored JSON cannot be read: {exc}")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        # Only values with many brackets can be too deep: walk just those.
+        try:
+            _check_depth(value, "the stored JSON")
+        except InvalidJob as exc:
+            return Undecodable(str(exc))
+    return value
+
+
 def _check_depth(value: Any, what: str) -> None:
     stack = [(value, 1)]
     while stack:
@@ -282,6 +321,8 @@ class ClaimedJob:
     priority: int
     attempt: int
     max_attempts: int
+    #: The claim number: with the worker's id, it fences every write about this attempt.
+    claim: int
     #: Seconds since the epoch, as floats: a row written by hand with a date Python cannot
     #: hold must not make the claim itself fail.
     created_at: float

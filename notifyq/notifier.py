@@ -41,7 +41,7 @@ class Listener:
         on_connect: Callable[[], None],
         connect_kwargs: dict[str, Any],
         probe_interval: float = 5.0,
-        max_backoff: float = 5.0,
+        max_backoff: float = 2.0,
     ) -> None:
         self._url = url
         self._handlers = handlers

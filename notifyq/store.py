@@ -7,7 +7,7 @@ caller's own transaction). Connection failures come out as
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -27,10 +27,11 @@ from notifyq.tasks import CircuitBreaker, Task
 
 @dataclass(frozen=True, slots=True)
 class Success:
-    """A finished attempt, its result already encoded as JSON."""
+    """A finished attempt, its result already encoded as JSON. ``claim`` is the claim number
+    that fences the write (see notifyq.holds_v1)."""
 
     job_id: UUID
-    attempt: int
+    claim: int
     result_json: str
     seconds: float = 0.0
 
@@ -41,7 +42,7 @@ class Failure:
     ``retryable``, else final."""
 
     job_id: UUID
-    attempt: int
+    claim: int
     error: str
     retryable: bool
     delay: float
@@ -50,18 +51,29 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """A job a worker holds: the (id, attempt) pair that fences its writes."""
+    """A job a worker holds: its id and the claim number that fences its writes."""
 
     job_id: UUID
-    attempt: int
+    claim: int
 
 
 @dataclass(frozen=True, slots=True)
 class Rescued:
-    """A job whose lease ran out, and the status the rescue gave it."""
+    """A job whose lease ran out, the status the rescue gave it, and whether the attempt
+    counted (False: no heartbeat had confirmed its handler running, so it was given back)."""
 
     job_id: UUID
     status: JobStatus
+    counted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What a cancel request found (``was``) and left (``now``): ``now`` is still
+    ``processing`` when the job's worker was asked to stop it."""
+
+    was: JobStatus
+    now: JobStatus
 
 
 #: Most rows one batch statement writes (see Store._in_chunks).
@@ -281,7 +293,7 @@ class Store:
             lambda chunk: {
                 "worker_id": worker_id,
                 "ids": [d.job_id for d in chunk],
-                "attempts": [d.attempt for d in chunk],
+                "claims": [d.claim for d in chunk],
                 "results": [d.result_json for d in chunk],
             },
             "recording results",
@@ -296,7 +308,7 @@ class Store:
             lambda chunk: {
                 "worker_id": worker_id,
                 "ids": [f.job_id for f in chunk],
-                "attempts": [f.attempt for f in chunk],
+                "claims": [f.claim for f in chunk],
                 "errors": [f.error for f in chunk],
                 "retryable": [f.retryable for f in chunk],
                 "delays": [f.delay for f in chunk],
@@ -312,15 +324,19 @@ class Store:
         )
         return {row[0] for row in rows}
 
-    async def extend_leases(
-        self, worker_id: str, held: Iterable[Held], lease: float
+    async def beat(
+        self, worker_id: str, held: Iterable[Held], running: Container[UUID], lease: float
     ) -> dict[UUID, bool]:
-        """Renews leases; answers the ids still held by this worker, each with whether a cancel
-        was requested."""
+        """Renews leases, and confirms the jobs whose handler is ``running`` (a rescue then
+        counts their attempt); answers the ids still held by this worker, each with whether a
+        cancel was requested."""
         rows = await self._in_chunks(
-            "extend_leases",
+            "beat",
             list(held),
-            lambda chunk: _held_params(worker_id, chunk) | {"lease": lease},
+            lambda chunk: (
+                _held_params(worker_id, chunk)
+                | {"running": [h.job_id in running for h in chunk], "lease": lease}
+            ),
             "renewing leases",
         )
         return {row[0]: row[1] for row in rows}
@@ -353,11 +369,11 @@ class Store:
             rows += await self._run(name, params_of(chunk), what=what)
         return rows
 
-    async def cancel_job(self, job_id: UUID) -> JobStatus | None:
-        """Cancels a queued job, or asks the worker of a running one to stop it; answers the
-        status the job had (None: no such job)."""
+    async def cancel_job(self, job_id: UUID) -> Cancelled | None:
+        """Cancels a queued job (or a running one that no live worker holds), or asks the
+        worker of a running one to stop it; None: no such job."""
         row = await self._run("cancel_job", {"id": job_id}, what="cancelling a job", fetch="one")
-        return JobStatus(row[0]) if row else None
+        return Cancelled(JobStatus(row[0]), JobStatus(row[1])) if row else None
 
     async def delete_job(self, job_id: UUID) -> bool:
         """Deletes a finished job; False when it is not finished or unknown."""
@@ -398,9 +414,10 @@ class Store:
         return row[0] if row else None
 
     async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
-        """Requeues (or fails) up to ``limit`` jobs whose lease ran out."""
+        """Requeues (or fails, or cancels) up to ``limit`` jobs whose lease ran out or that
+        have none."""
         rows = await self._run("rescue_expired", {"limit": limit}, what="rescuing jobs")
-        return [Rescued(row[0], JobStatus(row[1])) for row in rows]
+        return [Rescued(row[0], JobStatus(row[1]), row[2]) for row in rows]
 
     async def mark_waiting(self, worker_id: str, queues: Sequence[str] | None, ttl: float) -> bool:
         """Registers a worker as waiting; True when the registration waited for in-flight
@@ -455,7 +472,7 @@ class Store:
         limit: int,
         lease: float,
     ) -> list[ClaimedJob]:
-        """Claims jobs under a task's or queue's limit (see notifyq.claim_limited_v1)."""
+        """Claims jobs under a task's or queue's limit (see notifyq.claim_limited_v2)."""
         params = {
             "worker_id": worker_id,
             "tasks": list(tasks),
@@ -602,7 +619,7 @@ def _held_params(worker_id: str, held: Iterable[Held]) -> dict[str, Any]:
     return {
         "worker_id": worker_id,
         "ids": [h.job_id for h in items],
-        "attempts": [h.attempt for h in items],
+        "claims": [h.claim for h in items],
     }
 
 

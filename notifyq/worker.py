@@ -6,7 +6,7 @@ the claim loop, a small pool for everything else, and these duties, each its own
 - the producer claims up to the number of free slots in one statement whenever it is woken (a
   notification, the fallback poll timer, the next known ``run_at``, a freed slot when it was
   saturated, a reconnect) and hands each job to one of ``concurrency`` runner tasks;
-- the writer records outcomes in batches, one statement per kind, fenced by (worker, attempt);
+- the writer records outcomes in batches, one statement per kind, fenced by (worker, claim);
 - the maintainer renews the leases of held jobs by heartbeat, cancels jobs whose lease was lost,
   and requeues other workers' jobs whose lease ran out.
 
@@ -40,7 +40,7 @@ from notifyq.context import JobContext
 from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
 from notifyq.metrics import Metrics
-from notifyq.models import ClaimedJob, JobStatus, encode_json
+from notifyq.models import ClaimedJob, JobStatus, Undecodable, encode_json
 from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, Listener
 from notifyq.settings import Settings
 from notifyq.store import Failure, Held, Store, Success
@@ -95,6 +95,8 @@ class _Running:
     task: Task
     scope: anyio.CancelScope | None = None
     cancel_reason: str | None = None
+    #: Whether its handler was called: the heartbeat confirms only those (see beat_v1).
+    started: bool = False
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -132,6 +134,8 @@ class Worker:
         self.registry = registry if registry is not None else worker_registry()
         self.id = worker_id or make_worker_id()
         self.stats = WorkerStats()
+        #: Whether it got as far as listening and claiming (a failure before is a start-up one).
+        self.ready = False
         self._burst = burst
         self._metrics = metrics
         self._report_depth = report_depth and metrics is not None
@@ -242,6 +246,7 @@ class Worker:
                         self._jobs = asyncio.Queue()
                         for _ in range(settings.concurrency):
                             jobs.start_soon(self._runner, self._jobs)
+                        self.ready = True
                         task_status.started()
                         try:
                             await self._produce()
@@ -485,6 +490,7 @@ class Worker:
         try:
             if running.cancel_reason is None:  # else cancelled before it started
                 running.scope = scope
+                running.started = True
                 outcome = await self._attempt(job, running.task)
         finally:
             running.scope = None
@@ -498,10 +504,10 @@ class Worker:
                     self._outbox.failed.append(outcome)
                 self._signal_outbox()
             elif running.cancel_reason == "shutdown":
-                self._outbox.released.append(Held(job.id, job.attempt))
+                self._outbox.released.append(Held(job.id, job.claim))
                 self._signal_outbox()
             elif running.cancel_reason == "cancel":
-                self._outbox.cancelled.append(Held(job.id, job.attempt))
+                self._outbox.cancelled.append(Held(job.id, job.claim))
                 self._signal_outbox()
             # Else the worker itself is being cancelled: the job stays held, and the final
             # writes put it back in the queue.
@@ -525,6 +531,15 @@ class Worker:
         self, job: ClaimedJob, task: Task, started: float
     ) -> Success | Failure:
         timed_out = False
+        if isinstance(job.payload, Undecodable):
+            # Stored by SQL, unreadable: this job can never run. Fail it at once, and only it.
+            return self._failure(
+                job,
+                task,
+                f"the job's payload cannot be used: {job.payload.reason}",
+                started,
+                retryable=False,
+            )
         try:
             context = JobContext(
                 job.id, job.task, job.queue, job.attempt, job.max_attempts, job.priority, self.id
@@ -565,7 +580,7 @@ class Worker:
             result_json = encode_json(result, what=f"the result of task {task.name!r}")
         except InvalidJob as exc:
             return self._failure(job, task, str(exc), started, retryable=False)
-        return Success(job.id, job.attempt, result_json, time.monotonic() - started)
+        return Success(job.id, job.claim, result_json, time.monotonic() - started)
 
     def _failure(
         self, job: ClaimedJob, task: Task, error: str, started: float, *, retryable: bool
@@ -573,7 +588,7 @@ class Worker:
         backoff = task.backoff or self._backoff
         return Failure(
             job.id,
-            job.attempt,
+            job.claim,
             error,
             retryable,
             backoff.delay(job.attempt),
@@ -620,7 +635,7 @@ class Worker:
             self.stats.completed += len(written)
             # A result the database refused (too large, say) fails its job instead.
             box.failed.extend(
-                Failure(s.job_id, s.attempt, "could not store the result: " + refused, False, 0)
+                Failure(s.job_id, s.claim, "could not store the result: " + refused, False, 0)
                 for s, refused in self._refused.items()
             )
             self._refused.clear()
@@ -746,7 +761,7 @@ class Worker:
         pending |= {h.job_id for h in (*box.released, *box.cancelled)}
         for job_id, job in self._held.items():
             if job_id not in pending:
-                self._outbox.released.append(Held(job_id, job.attempt))
+                self._outbox.released.append(Held(job_id, job.claim))
         if not self._outbox:
             return
         try:
@@ -793,15 +808,19 @@ class Worker:
         assert self._store is not None
         if not self._held:
             return
-        snapshot = [Held(job_id, job.attempt) for job_id, job in self._held.items()]
-        still = await self._store.extend_leases(self.id, snapshot, self.settings.lease_seconds)
+        snapshot = [Held(job_id, job.claim) for job_id, job in self._held.items()]
+        # Confirmed: every held job but those still waiting for a runner. A rescue gives the
+        # attempt of an unconfirmed one back (its handler may never have started).
+        waiting = {job_id for job_id, r in self._running.items() if not r.started}
+        confirmed = {held.job_id for held in snapshot} - waiting
+        still = await self._store.beat(self.id, snapshot, confirmed, self.settings.lease_seconds)
         for job_id, cancel_requested in still.items():
             running = self._running.get(job_id)
             if cancel_requested and running is not None:
                 running.cancel("cancel")
         for held in snapshot:
             current = self._held.get(held.job_id)
-            if held.job_id in still or current is None or current.attempt != held.attempt:
+            if held.job_id in still or current is None or current.claim != held.claim:
                 continue
             running = self._running.get(held.job_id)
             if running is not None:

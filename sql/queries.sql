@@ -1,69 +1,69 @@
 -- The queries notifyq runs, each under a `-- name:` header; notifyq/queries.py parses this file
 -- once and notifyq/store.py runs each by name. Values are always passed as parameters.
+--
+-- Built-in functions that an exact-typed overload in another schema could shadow (polymorphic
+-- ones such as unnest and array_agg, variadic ones such as format, ones with defaults such as
+-- make_interval) are written pg_catalog.<name>: some of these statements run on a caller's own
+-- connection, whatever its search_path.
 
--- A job without a dedup_key needs no duplicate check: one INSERT. queue, priority and
--- max_attempts: the job's, else its task's registration, else (max_attempts) %(fallback)s (the
--- process's own NOTIFYQ_MAX_ATTEMPTS, when set), else the database's default (the trigger).
+-- A job without a dedup_key needs no duplicate check: one INSERT, its defaults decided by
+-- notifyq.job_defaults_v1 (sql/003), the one place that holds that rule. %(fallback)s is the
+-- process's own NOTIFYQ_MAX_ATTEMPTS, when set. Built-ins are qualified: these statements also
+-- run on the caller's own connection, whatever its search_path.
 -- name: enqueue_plain
-WITH task AS (SELECT options, max_attempts FROM notifyq.tasks WHERE name = %(task)s::text)
 INSERT INTO notifyq.jobs (task, payload, queue, priority, run_at, max_attempts)
-VALUES (%(task)s::text, %(payload)s::jsonb,
-        coalesce(%(queue)s::text, (SELECT options ->> 'queue' FROM task), 'default'),
-        coalesce(%(priority)s::integer, ((SELECT options ->> 'priority' FROM task))::integer, 0),
-        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-        coalesce(%(max_attempts)s::integer, (SELECT max_attempts FROM task),
-                 %(fallback)s::integer,
-                 (SELECT value::integer FROM notifyq.settings WHERE key = 'max_attempts')))
-RETURNING id, false, status, run_at, created_at;
+SELECT d.task, %(payload)s::jsonb, d.queue, d.priority,
+       coalesce(%(run_at)s::timestamptz,
+                pg_catalog.now() + pg_catalog.make_interval(secs => %(delay)s::float8)),
+       d.max_attempts
+FROM notifyq.job_defaults_v1(ARRAY[%(task)s::text], ARRAY[NULL::jsonb], ARRAY[%(queue)s::text],
+                             ARRAY[%(priority)s::integer], ARRAY[%(max_attempts)s::integer],
+                             %(fallback)s::integer) AS d
+RETURNING id, false, status, run_at, created_at
 
--- Many jobs without dedup keys, their tasks named: one INSERT ... SELECT. Defaults resolved here
--- (the task's, then %(fallback)s, then the database's), so the defaults trigger never fires.
--- The ids are made here and answered as one array in input order (PostgreSQL makes and sends
--- them in a fifth of the time Python takes to make them). A column that is NULL for every job
--- may come as one NULL array: unnest() pads it with NULLs.
+-- Many jobs without dedup keys, their tasks named: one INSERT ... SELECT, defaults from
+-- notifyq.job_defaults_v1. The ids are made here and answered as one array in input order
+-- (PostgreSQL makes and sends them in a fifth of the time Python takes to make them). A column
+-- that is NULL for every job may come as one NULL array: unnest() pads it with NULLs.
 -- name: enqueue_many_plain
 WITH input AS MATERIALIZED (
     SELECT gen_random_uuid() AS id, u.*
-    FROM unnest(%(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[],
-                %(priorities)b::integer[], %(run_ats)b::timestamptz[], %(delays)b::float8[],
-                %(max_attempts)b::integer[]) WITH ORDINALITY
-         AS u(task, payload, queue, priority, run_at, delay, max_attempts, ord)
+    -- ROWS FROM: a qualified unnest() takes one array (the many-array form is syntax).
+    FROM ROWS FROM (pg_catalog.unnest(%(payloads)b::jsonb[]),
+                    pg_catalog.unnest(%(run_ats)b::timestamptz[]),
+                    pg_catalog.unnest(%(delays)b::float8[])) WITH ORDINALITY
+         AS u(payload, run_at, delay, ord)
 ), inserted AS (
     INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
-    SELECT i.id, i.task, i.payload,
-           coalesce(i.queue, t.options ->> 'queue', 'default'),
-           coalesce(i.priority, (t.options ->> 'priority')::integer, 0),
-           coalesce(i.run_at, now() + make_interval(secs => coalesce(i.delay, 0))),
-           coalesce(i.max_attempts, t.max_attempts, %(fallback)s::integer,
-                    (SELECT value::integer FROM notifyq.settings WHERE key = 'max_attempts'))
-    FROM input AS i LEFT JOIN notifyq.tasks AS t ON t.name = i.task
+    SELECT i.id, d.task, i.payload, d.queue, d.priority,
+           coalesce(i.run_at,
+                    pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(i.delay, 0))),
+           d.max_attempts
+    FROM input AS i
+    JOIN notifyq.job_defaults_v1(%(tasks)b::text[], NULL, %(queues)b::text[],
+                                 %(priorities)b::integer[], %(max_attempts)b::integer[],
+                                 %(fallback)s::integer) AS d ON d.ord = i.ord
     RETURNING 1
 )
-SELECT now(), (SELECT count(*) FROM inserted), (SELECT array_agg(id ORDER BY ord) FROM input);
+SELECT pg_catalog.now(), (SELECT pg_catalog.count(*) FROM inserted),
+       (SELECT pg_catalog.array_agg(id ORDER BY ord) FROM input)
 
--- With a dedup_key: notifyq.enqueue_v1 applies the duplicate rule.
+-- With a dedup_key (or a task to take from the payload): notifyq.enqueue_v2 applies the
+-- duplicate rule and the defaults.
 -- name: enqueue
 SELECT job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_v1(%(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
-                        coalesce(%(run_at)s::timestamptz,
-                                 now() + make_interval(secs => %(delay)s::float8)),
-                        %(dedup_key)s,
-                        coalesce(%(max_attempts)s::integer,
-                                 (SELECT max_attempts FROM notifyq.tasks
-                                  WHERE name = %(task)s::text),
-                                 %(fallback)s::integer));
+FROM notifyq.enqueue_v2(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
+                        %(priority)s::integer, %(run_at)s::timestamptz, %(delay)s::float8,
+                        %(dedup_key)s::text, %(max_attempts)s::integer, %(fallback)s::integer)
 
+-- A batch with dedup keys, or tasks to take from payloads: notifyq.enqueue_many_v2.
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_many_v1(
+FROM notifyq.enqueue_many_v2(
     %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[], %(priorities)b::integer[],
-    (SELECT array_agg(coalesce(r, now() + make_interval(secs => d)) ORDER BY o)
-     FROM unnest(%(run_ats)b::timestamptz[], %(delays)b::float8[]) WITH ORDINALITY AS t(r, d, o)),
-    %(dedup_keys)b::text[],
-    (SELECT array_agg(coalesce(u.m, t.max_attempts, %(fallback)s::integer) ORDER BY u.o)
-     FROM unnest(%(tasks)b::text[], %(max_attempts)b::integer[]) WITH ORDINALITY AS u(task, m, o)
-     LEFT JOIN notifyq.tasks AS t ON t.name = u.task))
-ORDER BY ord;
+    %(run_ats)b::timestamptz[], %(delays)b::float8[], %(dedup_keys)b::text[],
+    %(max_attempts)b::integer[], %(fallback)s::integer)
+ORDER BY ord
 
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
@@ -72,10 +72,10 @@ SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_at
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
--- See notifyq.claim_v1.
+-- See notifyq.claim_v2 (sql/003).
 -- name: claim_jobs
-SELECT * FROM notifyq.claim_v1(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
-                               %(limit)s, %(lease)s::float8, %(probe)s);
+SELECT * FROM notifyq.claim_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
+                               %(limit)s, %(lease)s::float8, %(probe)s)
 
 -- Seconds until the earliest future run_at among the worker's jobs, measured on the database's
 -- clock, so an idle worker can sleep exactly until then.
@@ -85,121 +85,36 @@ FROM notifyq.jobs
 WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)b::text[])
   AND (%(queues)b::text[] IS NULL OR queue = ANY(%(queues)b::text[]));
 
--- Records successful attempts, one statement for a whole batch. notifyq.complete_v1 (sql/002)
--- says how it finds the rows, and fences off a worker that lost the lease.
+-- Records successful attempts, one statement for a whole batch, fenced by the claim: see
+-- notifyq.complete_v2 (sql/003).
 -- name: complete_jobs
-SELECT * FROM notifyq.complete_v1(%(worker_id)s, %(ids)b::uuid[], %(attempts)b::integer[],
-                                  %(results)b::jsonb[]);
+SELECT * FROM notifyq.complete_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                  %(results)b::jsonb[])
 
--- Records failed attempts, one statement for a batch: see notifyq.fail_v1 (sql/002).
+-- Records failed attempts, one statement for a batch: see notifyq.fail_v2 (sql/003).
 -- name: fail_jobs
-SELECT * FROM notifyq.fail_v1(%(worker_id)s, %(ids)b::uuid[], %(attempts)b::integer[],
-                              %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[]);
+SELECT * FROM notifyq.fail_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                              %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[])
 
--- The fenced batch statements below, rarer than the two above, find their rows through the
--- primary key (j.id = ANY(ids)). They run as prepared statements with generic plans, and a bare
--- "status = 'processing'" let such a plan walk jobs_lease_idx, every processing job of every
--- worker (a second for a batch of 100 at high concurrency); "(status = 'processing') IS TRUE" is
--- the same test that no partial index can serve.
---
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the
--- interrupted attempt, and wakes the other workers. A job whose newer duplicate is queued is
--- cancelled instead: that job replaces it.
+-- interrupted attempt: see notifyq.release_v2 (sql/003).
 -- name: release_jobs
-WITH d AS (
-    SELECT d.*, notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-    FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS d(id, attempt)
-    JOIN notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(%(ids)b::uuid[])
-), released AS (
-    UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
-                      THEN 'queued' ELSE 'cancelled' END,
-        attempt_count = j.attempt_count - 1,
-        run_at = now(),
-        finished_at = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
-                           THEN NULL ELSE now() END,
-        worker_id = NULL,
-        lease_expires_at = NULL,
-        last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
-                          THEN 'cancelled while running (its worker was stopping)'
-                          WHEN d.newer IS NOT NULL
-                          THEN format('interrupted by a stopping worker; not requeued: job %%s '
-                                      'with the same dedup_key is queued', d.newer)
-                          ELSE j.last_error END
-    FROM d
-    WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
-      AND j.worker_id = %(worker_id)s
-      AND j.attempt_count = d.attempt
-    RETURNING j.id, j.queue
-)
-SELECT r.id, notifyq.wake_v1(ARRAY[r.queue]) FROM released AS r;
+SELECT * FROM notifyq.release_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[])
 
--- Renews the leases of the jobs a worker holds; the ids it answers are the ones still held, with
--- whether a cancel was requested (the heartbeat catches a request whose notification was lost).
--- name: extend_leases
-UPDATE notifyq.jobs AS j
-SET lease_expires_at = now() + make_interval(secs => %(lease)s::float8)
-FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
-  AND j.worker_id = %(worker_id)s
-  AND j.attempt_count = d.attempt
-RETURNING j.id, j.cancel_requested_at IS NOT NULL;
+-- The heartbeat: renews the leases of the jobs a worker holds, and confirms those whose handler
+-- runs; answers the ids still held, with whether a cancel was requested (see notifyq.beat_v1).
+-- name: beat
+SELECT * FROM notifyq.beat_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                              %(running)b::boolean[], %(lease)s::float8)
 
--- Records attempts stopped by a cancel request. Fenced like complete_jobs.
+-- Records attempts stopped by a cancel request (see notifyq.cancel_running_v2).
 -- name: cancel_running
-UPDATE notifyq.jobs AS j
-SET status = 'cancelled',
-    finished_at = now(),
-    lease_expires_at = NULL,
-    last_error = format('cancelled while running attempt %%s', j.attempt_count)
-FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.id = ANY(%(ids)b::uuid[]) AND (j.status = 'processing') IS TRUE
-  AND j.worker_id = %(worker_id)s
-  AND j.attempt_count = d.attempt
-RETURNING j.id;
+SELECT * FROM notifyq.cancel_running_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[])
 
--- Requeues (or fails, when out of attempts) jobs whose lease ran out: their worker died or hung.
--- SKIP LOCKED keeps rescuers on several workers from blocking each other. A job whose newer
--- duplicate is queued fails instead of going back: that job replaces it.
+-- Requeues (or fails, or cancels) jobs whose lease ran out or that have none: their worker died
+-- or hung. See notifyq.rescue_v2 (sql/003).
 -- name: rescue_expired
-WITH expired AS (
-    SELECT id, notifyq.queued_duplicate_v1(queue, dedup_key) AS newer
-    FROM notifyq.jobs
-    WHERE status = 'processing' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), rescued AS (
-    UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                      WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
-                      THEN 'failed' ELSE 'queued' END,
-        run_at = now(),
-        finished_at = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
-                                OR j.cancel_requested_at IS NOT NULL
-                           THEN now() END,
-        lease_expires_at = NULL,
-        worker_id = CASE WHEN j.attempt_count >= j.max_attempts OR e.newer IS NOT NULL
-                              OR j.cancel_requested_at IS NOT NULL
-                         THEN j.worker_id END,
-        last_error = format('lease expired: worker %%s stopped renewing attempt %%s of %%s%%s',
-                            j.worker_id, j.attempt_count, j.max_attempts,
-                            CASE WHEN e.newer IS NOT NULL
-                                 THEN format('; not retried: job %%s with the same dedup_key '
-                                             'is queued', e.newer)
-                                 WHEN j.attempt_count >= j.max_attempts
-                                 THEN '; no attempts left' ELSE '' END),
-        errors = notifyq.append_error_v1(
-            j.errors, j.attempt_count,
-            format('lease expired: worker %%s stopped renewing the lease', j.worker_id),
-            j.worker_id)
-    FROM expired AS e
-    WHERE j.id = e.id
-    RETURNING j.id, j.queue, j.status
-)
-SELECT r.id, r.status,
-       CASE WHEN r.status = 'queued' THEN notifyq.wake_v1(ARRAY[r.queue]) END
-FROM rescued AS r;
+SELECT * FROM notifyq.rescue_v2(%(limit)s)
 
 -- name: register_task
 INSERT INTO notifyq.tasks (name, max_attempts, options, breaker_threshold, breaker_cooldown,
@@ -220,7 +135,7 @@ SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
 -- wins pushes the time forward by another cool-down and may claim one job of that task.
 -- name: take_breaker_probes
 UPDATE notifyq.tasks
-SET breaker_open_until = now() + make_interval(secs => breaker_cooldown)
+SET breaker_open_until = now() + pg_catalog.make_interval(secs => breaker_cooldown)
 WHERE name = ANY(%(tasks)b::text[]) AND breaker_open_until <= now()
 RETURNING name;
 
@@ -252,9 +167,9 @@ LIMIT %(limit)s;
 -- name: retry_job
 WITH retried AS (
     UPDATE notifyq.jobs
-    SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
-        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
-        cancel_requested_at = NULL
+    SET status = 'queued', attempt_count = 0, lost_count = 0, run_at = now(),
+        started_at = NULL, finished_at = NULL, heartbeat_at = NULL, worker_id = NULL,
+        lease_expires_at = NULL, result = NULL, cancel_requested_at = NULL
     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
       AND notifyq.queued_duplicate_v1(queue, dedup_key) IS NULL
     RETURNING id, queue
@@ -282,9 +197,9 @@ WITH candidates AS (
     ORDER BY queue, coalesce(dedup_key, id::text), created_at DESC
 ), retried AS (
     UPDATE notifyq.jobs AS j
-    SET status = 'queued', attempt_count = 0, run_at = now(), started_at = NULL,
-        finished_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
-        cancel_requested_at = NULL
+    SET status = 'queued', attempt_count = 0, lost_count = 0, run_at = now(),
+        started_at = NULL, finished_at = NULL, heartbeat_at = NULL, worker_id = NULL,
+        lease_expires_at = NULL, result = NULL, cancel_requested_at = NULL
     FROM chosen
     WHERE j.id = chosen.id
     RETURNING j.queue
@@ -292,7 +207,7 @@ WITH candidates AS (
 SELECT (SELECT count(*) FROM retried)::integer,
        (SELECT count(*) FROM candidates)::integer,
        (SELECT id FROM candidates ORDER BY id DESC LIMIT 1),
-       (SELECT coalesce(notifyq.wake_v1(array_agg(DISTINCT queue)), 0) FROM retried);
+       (SELECT coalesce(notifyq.wake_v1(pg_catalog.array_agg(DISTINCT queue)), 0) FROM retried);
 
 -- Registers the worker as waiting for work (see notifyq.waiting_workers); answers whether it
 -- got the advisory lock that makes the claim after it see every earlier insert.
@@ -304,35 +219,16 @@ DELETE FROM notifyq.waiting_workers WHERE worker_id = %(worker_id)s;
 
 -- name: refresh_waiting
 UPDATE notifyq.waiting_workers
-SET expires_at = now() + make_interval(secs => %(ttl)s::float8)
+SET expires_at = now() + pg_catalog.make_interval(secs => %(ttl)s::float8)
 WHERE worker_id = %(worker_id)s;
 
 -- name: prune_waiting
 DELETE FROM notifyq.waiting_workers WHERE expires_at < now();
 
--- Cancels a job: a queued one at once; a running one is marked, and its worker is told on the
--- notifyq_cancel channel (and by its next heartbeat) to stop the handler. Answers the status the
--- job had, or nothing for an unknown id.
+-- Cancels a job: a queued one (or one no live worker holds) at once; a running one is marked and
+-- its worker told. Answers the status it had and the one it has (see notifyq.cancel_job_v1).
 -- name: cancel_job
-WITH target AS (
-    SELECT id, status FROM notifyq.jobs WHERE id = %(id)s FOR UPDATE
-), changed AS (
-    UPDATE notifyq.jobs AS j
-    SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE j.status END,
-        finished_at = CASE WHEN t.status = 'queued' THEN now() ELSE j.finished_at END,
-        last_error = CASE WHEN t.status = 'queued' THEN 'cancelled before it ran'
-                          ELSE j.last_error END,
-        cancel_requested_at = now()
-    FROM target AS t
-    WHERE j.id = t.id AND t.status IN ('queued', 'processing')
-      AND j.cancel_requested_at IS NULL
-    RETURNING j.id
-), told AS (
-    SELECT pg_notify('notifyq_cancel', t.id::text) FROM target AS t
-    WHERE t.status = 'processing'
-)
-SELECT t.status, (SELECT count(*) FROM changed)::integer, (SELECT count(*) FROM told)::integer
-FROM target AS t;
+SELECT was, status FROM notifyq.cancel_job_v1(%(id)s)
 
 -- Deletes a finished job; answers its id, or nothing when it is not finished (or unknown).
 -- name: delete_job
@@ -423,9 +319,9 @@ SELECT name, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM cha
 SELECT max(version) FROM notifyq.migrations;
 
 -- Claims jobs under a task's concurrency or rate limit, or a queue's rate limit (see
--- notifyq.claim_limited_v1).
+-- notifyq.claim_limited_v2).
 -- name: claim_limited_jobs
-SELECT * FROM notifyq.claim_limited_v1(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
+SELECT * FROM notifyq.claim_limited_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
                                        %(limit)s, %(lease)s::float8);
 
 -- Whether any limited task of these, or any rate-limited queue, exists: the worker calls the
@@ -436,7 +332,7 @@ SELECT EXISTS (SELECT 1 FROM notifyq.tasks WHERE name = ANY(%(tasks)b::text[])
     OR EXISTS (SELECT 1 FROM notifyq.queues WHERE rate_limit IS NOT NULL);
 
 -- name: enqueue_tick
-SELECT notifyq.enqueue_tick_v1(%(task)s, %(tick)s, %(payload)s::jsonb);
+SELECT notifyq.enqueue_tick_v2(%(task)s, %(tick)s, %(payload)s::jsonb);
 
 -- name: database_now
 SELECT now();
@@ -447,7 +343,7 @@ SELECT now();
 DELETE FROM notifyq.jobs
 WHERE id IN (SELECT id FROM notifyq.jobs
              WHERE status = %(status)s::text
-               AND finished_at < now() - make_interval(secs => %(keep)s::float8)
+               AND finished_at < now() - pg_catalog.make_interval(secs => %(keep)s::float8)
              ORDER BY finished_at
              LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED);

@@ -61,6 +61,24 @@ async def wait_for_status(
     return result
 
 
+async def insert_in_state(
+    conn: psycopg.AsyncConnection[Any], task: str = "echo", count: int = 1, **columns: str
+) -> list[Any]:
+    """Inserts ``count`` jobs of ``task`` in a state only workers reach (finished, processing),
+    for a test's setup. An INSERT may only name the task and payload, so the other ``columns``
+    (SQL expressions, such as ``status="'failed'"``) are written by an UPDATE, as the engine
+    would. Answers the ids."""
+    cursor = await conn.execute(
+        "INSERT INTO notifyq.jobs (task) SELECT %s FROM generate_series(1, %s) RETURNING id",
+        [task, count],
+    )
+    ids = [row[0] for row in await cursor.fetchall()]
+    if columns:
+        sets = ", ".join(f"{name} = {value}" for name, value in columns.items())
+        await conn.execute(f"UPDATE notifyq.jobs SET {sets} WHERE id = ANY(%s)", [ids])
+    return ids
+
+
 async def count_by_status(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
     cursor = await conn.execute("SELECT status, count(*) FROM notifyq.jobs GROUP BY status")
     return {status: count for status, count in await cursor.fetchall()}

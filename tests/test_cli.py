@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
+from notifyq.embedded import EmbeddedPostgres
 from tests.helpers import ROOT, notifyq_env, processes
 
 
@@ -279,9 +281,9 @@ def test_dev_with_no_database_url_runs_and_leaves_no_server(
         assert time.monotonic() < deadline, "the embedded PostgreSQL outlived notifyq dev"
         time.sleep(0.05)
     # The data stays: the job is still there next time.
-    env_again = dict(env)
-    done = notifyq("status", job_id, env=env_again)
-    assert done.returncode == 0 and json.loads(done.stdout)["status"] == "completed"
+    with EmbeddedPostgres(embedded_home) as again, psycopg.connect(again.url) as conn:
+        row = conn.execute("SELECT status FROM notifyq.jobs WHERE id = %s", [job_id]).fetchone()
+    assert row == ("completed",)
     assert not _postmaster_alive(embedded_home)
 
 

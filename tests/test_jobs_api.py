@@ -16,7 +16,7 @@ from notifyq.settings import Settings
 from notifyq.store import Store
 from notifyq.tasks import Registry, make_task, worker_registry
 from notifyq.worker import Worker
-from tests.helpers import job_row, running_worker, wait_for_status, wait_until
+from tests.helpers import insert_in_state, job_row, running_worker, wait_for_status, wait_until
 
 
 @contextlib.asynccontextmanager
@@ -216,13 +216,14 @@ async def test_a_cancel_whose_notification_was_lost_is_seen_by_the_heartbeat(
 async def test_a_cancelled_job_of_a_dead_worker_is_not_requeued(
     settings: Settings, conn: Any
 ) -> None:
-    cursor = await conn.execute(
-        """INSERT INTO notifyq.jobs (task, status, attempt_count, worker_id, lease_expires_at,
-                                     cancel_requested_at)
-           VALUES ('echo', 'processing', 1, 'gone:1:x', now() - interval '1 s', now())
-           RETURNING id"""
+    (job_id,) = await insert_in_state(
+        conn,
+        status="'processing'",
+        attempt_count="1",
+        worker_id="'gone:1:x'",
+        lease_expires_at="now() - interval '1 s'",
+        cancel_requested_at="now()",
     )
-    job_id = (await cursor.fetchone())[0]
     async with running_worker(settings.model_copy(update={"lease_seconds": 3})):
         await wait_for_status(conn, job_id, "cancelled", timeout=10)
 
@@ -241,11 +242,10 @@ async def test_delete_only_finished_jobs(settings: Settings, conn: Any) -> None:
 
 
 async def test_queue_counts_and_pause(settings: Settings, conn: Any) -> None:
-    await conn.execute(
-        """INSERT INTO notifyq.jobs (task, queue, status, finished_at)
-           SELECT 'echo', 'mail', s, CASE WHEN s = 'completed' THEN now() END
-           FROM unnest(ARRAY['queued', 'queued', 'completed', 'failed']) AS s"""
-    )
+    await conn.execute("INSERT INTO notifyq.jobs (task, queue) VALUES ('echo', 'mail')")
+    await conn.execute("INSERT INTO notifyq.jobs (task, queue) VALUES ('echo', 'mail')")
+    await insert_in_state(conn, queue="'mail'", status="'completed'", finished_at="now()")
+    await insert_in_state(conn, queue="'mail'", status="'failed'")
     async with api(settings) as client:
         queues = {q["queue"]: q for q in (await client.get("/queues")).json()}
         paused = await client.post("/queues/mail/pause")
@@ -277,10 +277,7 @@ async def test_queue_counts_and_pause(settings: Settings, conn: Any) -> None:
 
 async def test_queue_counts_are_estimated_on_a_large_table(settings: Settings, db_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        await conn.execute(
-            """INSERT INTO notifyq.jobs (task, status, finished_at)
-               SELECT 'echo', 'completed', now() FROM generate_series(1, 20000)"""
-        )
+        await insert_in_state(conn, count=20000, status="'completed'", finished_at="now()")
         await conn.execute("ANALYZE notifyq.jobs")
     async with open_pool(settings, name="t") as pool:
         rows = await Store(pool).queue_stats(exact_below=1000, sample_percent=50)

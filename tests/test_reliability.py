@@ -20,6 +20,7 @@ from notifyq.tasks import CircuitBreaker, Registry, make_task, worker_registry
 from notifyq.worker import Worker
 from tests.helpers import (
     ROOT,
+    insert_in_state,
     job_row,
     notifyq_env,
     processes,
@@ -179,10 +180,7 @@ async def test_pages_of_jobs_follow_the_cursor(settings: Settings, conn: Any) ->
 
 
 async def test_store_requeues_in_batches(settings: Settings, conn: Any) -> None:
-    await conn.execute(
-        """INSERT INTO notifyq.jobs (task, status, finished_at)
-           SELECT 'x', 'failed', now() FROM generate_series(1, 2500)"""
-    )
+    await insert_in_state(conn, "x", count=2500, status="'failed'", finished_at="now()")
     async with _pool(settings) as pool:
         assert await Store(pool).retry_jobs(task="x", batch=1000) == 2500
 

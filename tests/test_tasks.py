@@ -17,7 +17,15 @@ from notifyq.errors import TaskError
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task, worker_registry
 from notifyq.worker import Worker, _ticks
-from tests.helpers import ROOT, job_row, notifyq_env, running_worker, wait_for_status, wait_until
+from tests.helpers import (
+    ROOT,
+    insert_in_state,
+    job_row,
+    notifyq_env,
+    running_worker,
+    wait_for_status,
+    wait_until,
+)
 
 
 def tasks(*items: Any) -> Registry:
@@ -214,15 +222,10 @@ async def test_a_periodic_tick_is_enqueued_once_by_many_workers(
 async def test_retention_deletes_old_finished_jobs_only(
     settings: Settings, conn: Any, db_url: str
 ) -> None:
-    await conn.execute(
-        """INSERT INTO notifyq.jobs (task, status, finished_at)
-           SELECT 'echo', s, now() - interval '8 days'
-           FROM unnest(ARRAY['completed', 'completed', 'failed', 'cancelled']) s"""
-    )
-    await conn.execute(
-        """INSERT INTO notifyq.jobs (task, status, finished_at)
-           VALUES ('echo', 'completed', now()), ('echo', 'queued', NULL)"""
-    )
+    for status in ("completed", "completed", "failed", "cancelled"):
+        await insert_in_state(conn, status=f"'{status}'", finished_at="now() - interval '8 days'")
+    await insert_in_state(conn, status="'completed'", finished_at="now()")
+    await insert_in_state(conn)
     done = await anyio.run_process(
         [sys.executable, "-m", "notifyq", "prune", "--batch", "1"],
         env=notifyq_env(db_url),
@@ -236,9 +239,8 @@ async def test_retention_deletes_old_finished_jobs_only(
 
 
 async def test_workers_prune_on_their_own(settings: Settings, conn: Any) -> None:
-    await conn.execute(
-        """INSERT INTO notifyq.jobs (task, status, finished_at)
-           SELECT 'echo', 'completed', now() - interval '2 hours' FROM generate_series(1, 50)"""
+    await insert_in_state(
+        conn, count=50, status="'completed'", finished_at="now() - interval '2 hours'"
     )
     short = settings.model_copy(update={"keep_completed": 3600, "prune_interval": 0.2})
     started = time.monotonic()

@@ -270,8 +270,9 @@ async def test_a_live_worker_rescues_a_job_whose_lease_ran_out(
 ) -> None:
     job_id = await insert(conn, "echo", '{"r": 1}')
     await conn.execute(
-        """UPDATE notifyq.jobs SET status = 'processing', attempt_count = 1,
-                  worker_id = 'dead-host:1:abc', lease_expires_at = now() - interval '1 second'
+        """UPDATE notifyq.jobs SET status = 'processing', attempt_count = 1, claims = 1,
+                  worker_id = 'dead-host:1:abc', lease_expires_at = now() - interval '1 second',
+                  heartbeat_at = now() - interval '2 seconds'
            WHERE id = %s""",
         [job_id],
     )
@@ -285,8 +286,9 @@ async def test_a_live_worker_rescues_a_job_whose_lease_ran_out(
 async def test_a_rescued_job_out_of_attempts_fails(settings: Settings, conn: Any) -> None:
     job_id = await insert(conn, "echo", max_attempts=1)
     await conn.execute(
-        """UPDATE notifyq.jobs SET status = 'processing', attempt_count = 1,
-                  worker_id = 'dead-host:1:abc', lease_expires_at = now() - interval '1 second'
+        """UPDATE notifyq.jobs SET status = 'processing', attempt_count = 1, claims = 1,
+                  worker_id = 'dead-host:1:abc', lease_expires_at = now() - interval '1 second',
+                  heartbeat_at = now() - interval '2 seconds'
            WHERE id = %s""",
         [job_id],
     )

@@ -1,0 +1,53 @@
+"""``notifyq grant ROLE --as KIND``: the least privileges each kind of client needs.
+
+The schema's owner runs the migrations; nothing else needs DDL. Roles of the other kinds:
+
+- ``producer``: enqueues jobs (a plain ``INSERT`` of the columns a producer may set,
+  ``notifyq.enqueue``, ``Queue.enqueue``) and reads jobs (``Queue.get``, ``Queue.wait``). It can
+  neither change a job nor claim one. The insert triggers and the enqueue functions run as the
+  schema's owner (they read the tasks' registrations and the waiting workers), so the producer
+  needs no privilege on those tables.
+- ``worker``: runs workers and the API (``serve --no-worker`` too, with
+  ``NOTIFYQ_AUTO_MIGRATE=false``): reads and writes the rows of notifyq's tables, never their
+  shape.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from psycopg import sql
+
+Kind = Literal["producer", "worker"]
+KINDS: tuple[Kind, ...] = ("producer", "worker")
+
+#: The columns of notifyq.jobs a producer may name in an INSERT (the rest are the engine's).
+PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "dedup_key",
+                    "max_attempts", "created_at")  # fmt: skip
+#: Tables whose rows a worker (or the API) reads and writes.
+WORKER_TABLES = ("jobs", "tasks", "queues", "periodic_ticks", "waiting_workers")
+#: Tables a worker only reads.
+WORKER_READS = ("settings", "migrations")
+
+
+def statements(role: str, kind: Kind) -> list[sql.Composed]:
+    """The GRANT statements that give ``role`` the privileges of ``kind``."""
+    who = sql.Identifier(role)
+    schema = sql.Identifier("notifyq")
+    found: list[sql.Composed] = [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, who),
+    ]
+    if kind == "producer":
+        columns = sql.SQL(", ").join(map(sql.Identifier, PRODUCER_COLUMNS))
+        found += [
+            sql.SQL("GRANT INSERT ({}) ON notifyq.jobs TO {}").format(columns, who),
+            sql.SQL("GRANT SELECT ON notifyq.jobs TO {}").format(who),
+        ]
+        return found
+    tables = sql.SQL(", ").join(sql.Identifier("notifyq", name) for name in WORKER_TABLES)
+    reads = sql.SQL(", ").join(sql.Identifier("notifyq", name) for name in WORKER_READS)
+    found += [
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(tables, who),
+        sql.SQL("GRANT SELECT ON {} TO {}").format(reads, who),
+    ]
+    return found

@@ -1,0 +1,244 @@
+"""Roles and search_path (the hardening issue's finding 13).
+
+A role that may create objects in a schema of the worker's search_path (``public``, on PostgreSQL
+13 and 14) must not be able to make the worker, running as a superuser, call its own function in
+place of a built-in; and each kind of client needs only the privileges ``notifyq grant`` gives.
+Roles are global to the server: each test makes its own and drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+
+from notifyq.api import create_app
+from notifyq.client import Queue
+from notifyq.settings import Settings
+from notifyq.tasks import Registry, make_task, worker_registry
+from tests.helpers import ROOT, notifyq_env, processes, running_worker, wait_for_status
+
+#: Exact-typed overloads of built-ins that notifyq's statements call: each one shadows the
+#: polymorphic, variadic or defaulted built-in for a caller whose search_path reaches public.
+PLANTS = [
+    ("jsonb_build_object(text, integer)", "jsonb"),
+    (
+        "jsonb_build_object(text, integer, text, text, text, timestamptz, text, text)",
+        "jsonb",
+    ),
+    ("format(text, text)", "text"),
+    ("format(text, uuid)", "text"),
+    ("format(text, text, integer, integer, text)", "text"),
+    ("unnest(uuid[])", "SETOF uuid"),
+    ("unnest(text[])", "SETOF text"),
+    ("make_interval(secs double precision)", "interval"),
+]
+
+
+@contextlib.contextmanager
+def role(db_url: str, *, login: bool = True) -> Iterator[str]:
+    """A new role of this test's own, dropped afterwards."""
+    name = f"nq_test_role_{secrets.token_hex(4)}"
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} {}").format(
+                sql.Identifier(name), sql.SQL("LOGIN" if login else "NOLOGIN")
+            )
+        )
+        try:
+            yield name
+        finally:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+async def run_notifyq(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """Runs ``notifyq ARGS``; answers its exit code, stdout and stderr."""
+    done = await anyio.run_process(
+        [sys.executable, "-m", "notifyq", *args], env=env, cwd=ROOT, check=False
+    )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+def as_role(db_url: str, name: str) -> str:
+    parts = urlsplit(db_url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{name}@{host}"))
+
+
+def test_every_function_pins_its_search_path(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            """SELECT p.oid::regprocedure::text, p.proconfig
+               FROM pg_proc AS p
+               WHERE p.pronamespace = 'notifyq'::regnamespace
+                 AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY(p.proconfig), false)"""
+        ).fetchall()
+    # The one exception: the lease fence, an IMMUTABLE SQL expression of its arguments that the
+    # planner inlines into its (pinned) callers, which a SET clause would prevent.
+    assert [row[0] for row in rows] == ["notifyq.holds_v1(text,text,integer,text,integer)"], rows
+
+
+async def test_a_planted_overload_of_a_built_in_never_runs_as_the_worker(
+    settings: Settings, db_url: str, conn: Any
+) -> None:
+    async def limited(payload: dict[str, Any]) -> None:
+        raise RuntimeError("fails, is retried, counts towards its breaker")
+
+    with role(db_url) as attacker:
+        await conn.execute("CREATE TABLE public.planted_calls (name text)")
+        await conn.execute(
+            sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(attacker))
+        )
+        await conn.execute(
+            sql.SQL("GRANT INSERT ON public.planted_calls TO {}").format(sql.Identifier(attacker))
+        )
+        async with await psycopg.AsyncConnection.connect(
+            as_role(db_url, attacker), autocommit=True
+        ) as evil:
+            for signature, returns in PLANTS:
+                name = signature.partition("(")[0]
+                await evil.execute(
+                    f"CREATE FUNCTION public.{signature} RETURNS {returns} LANGUAGE sql "
+                    f"AS $$ INSERT INTO public.planted_calls VALUES ('{name}') "
+                    f"RETURNING NULL::{returns.removeprefix('SETOF ')} $$"
+                )
+        # The worker's whole life: claims (with limits and breakers), failures and retries,
+        # dedup, rescue, release on stop; the API's reads and writes.
+        tasks = worker_registry(Registry([make_task(limited, "limited", rate_limit=100)]))
+        await conn.execute(
+            "INSERT INTO notifyq.jobs (task, dedup_key, max_attempts) VALUES ('limited', 'k', 2)"
+        )
+        cursor = await conn.execute(
+            "INSERT INTO notifyq.jobs (task) VALUES ('echo'), ('fail') RETURNING id"
+        )
+        ids = [row[0] for row in await cursor.fetchall()]
+        fast = settings.model_copy(update={"lease_seconds": 3, "breaker_threshold": 1})
+        async with running_worker(fast, tasks):
+            for job_id in ids:
+                await wait_for_status(conn, job_id, "completed", "failed", "queued", timeout=10)
+        app = create_app(settings.model_copy(update={"run_worker": False}))
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+            ) as client,
+        ):
+            posted = await client.post("/jobs/batch", json={"jobs": [{"payload": {}}] * 3})
+            assert posted.status_code == 200
+            assert (await client.get("/jobs")).status_code == 200
+            assert (await client.post("/jobs/retry")).status_code == 200
+        async with Queue(settings=settings) as q:
+            await q.enqueue_many([{"task": "echo", "delay": 1}] * 300)
+        cursor = await conn.execute("SELECT name, count(*) FROM public.planted_calls GROUP BY 1")
+        assert await cursor.fetchall() == []
+
+
+def test_grant_prints_and_runs_the_least_privileges(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    printed = subprocess.run(
+        [sys.executable, "-m", "notifyq", "grant", "someone", "--as", "producer", "--print"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert 'GRANT INSERT ("id", "task", "payload"' in printed.stdout
+    assert "UPDATE" not in printed.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "notifyq", "grant", "nobody_at_all", "--as", "worker"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.count("\n") == 1 and "nobody_at_all" in missing.stderr
+
+
+async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
+    settings: Settings, db_url: str
+) -> None:
+    with role(db_url) as producer:
+        code, _, err = await run_notifyq(
+            "grant", producer, "--as", "producer", env=notifyq_env(db_url)
+        )
+        assert code == 0, err
+        url = as_role(db_url, producer)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("INSERT INTO notifyq.jobs (task, payload) VALUES ('echo', '{}')")
+            await conn.execute("SELECT notifyq.enqueue('echo', '{}', dedup_key => 'k')")
+            await conn.execute("SELECT notifyq.enqueue('echo', '{}', dedup_key => 'k')")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute("UPDATE notifyq.jobs SET status = 'completed'")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute(
+                    "SELECT * FROM notifyq.claim_v2('me', ARRAY['echo'], NULL, 10, 30, false)"
+                )
+        async with Queue(settings=settings.model_copy(update={"database_url": url})) as q:
+            one = await q.enqueue("echo", {"n": 1})
+            many = await q.enqueue_many(
+                [{"task": "echo"}] * 300 + [{"task": "echo", "dedup_key": "d"}]
+            )
+            assert len(many) == 301
+            assert (await q.get(one.job_id)) is not None
+    with psycopg.connect(db_url) as admin:
+        row = admin.execute("SELECT count(*) FROM notifyq.jobs").fetchone()
+    assert row is not None and row[0] == 1 + 1 + 1 + 301
+
+
+async def test_a_worker_role_runs_the_worker_and_the_api_without_migrating(
+    db_url: str, conn: Any, tmp_path: Path
+) -> None:
+    with role(db_url) as worker:
+        code, _, err = await run_notifyq("grant", worker, "--as", "worker", env=notifyq_env(db_url))
+        assert code == 0, err
+        url = as_role(db_url, worker)
+        # Migrating writes NOTIFYQ_DEFAULT_TASK into notifyq.settings: refused to this role.
+        migrating = notifyq_env(url, NOTIFYQ_DEFAULT_TASK="hello_world")
+        code, _, err = await run_notifyq("serve", "--port", "0", env=migrating)
+        assert code == 1 and "permission denied" in err, err
+        dml_only = notifyq_env(
+            url, NOTIFYQ_AUTO_MIGRATE="false", NOTIFYQ_DEFAULT_TASK="hello_world"
+        )
+        with processes(tmp_path) as start:
+            serve = start("serve", "--port", "0", env=dml_only, name="serve")
+            serve.wait_for_output("Application startup complete")
+            standalone = start("worker", "--concurrency", "2", env=dml_only, name="worker")
+            standalone.wait_for_output("ready")
+            cursor = await conn.execute(
+                "INSERT INTO notifyq.jobs (task) VALUES ('echo') RETURNING id"
+            )
+            job_id = (await cursor.fetchone())[0]
+            await wait_for_status(conn, job_id, "completed", timeout=15)
+
+
+def test_a_stale_schema_without_auto_migrate_is_one_line_naming_the_fix(
+    empty_db_url: str,
+) -> None:
+    for command in (["worker"], ["serve", "--port", "0"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "notifyq", *command],
+            env=notifyq_env(empty_db_url, NOTIFYQ_AUTO_MIGRATE="false"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "notifyq migrate" in done.stderr
