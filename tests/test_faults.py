@@ -58,7 +58,9 @@ def test_a_job_of_a_killed_worker_is_completed_by_another(db_url: str, tmp_path:
                RETURNING id"""
         ).fetchone()[0]  # type: ignore[index]
         deadline = time.monotonic() + 10
-        while count(db_url, "status = 'processing'") == 0:
+        # Killed once a heartbeat confirmed the handler running: its attempt counts (one lost
+        # before that is given back: tests/test_attempts.py).
+        while count(db_url, "status = 'processing' AND heartbeat_at IS NOT NULL") == 0:
             assert time.monotonic() < deadline, doomed.output()
             time.sleep(0.01)
         doomed.signal(signal.SIGKILL)
@@ -133,6 +135,105 @@ def test_soak_kill_and_restart_workers_no_job_lost_only_killed_jobs_rerun(
         assert len(unkilled) <= 1, f"job {n} ran {len(pids)} times in live workers {pids}"
     reruns = sum(1 for pids in by_job.values() if len(pids) > 1)
     print(f"soak: {len(killed)} kills, {reruns} jobs ran again after a kill")
+
+
+def test_soak_with_bad_rows_under_kill_9_loses_nothing_and_leaves_nothing_stuck(
+    db_url: str, tmp_path: Path
+) -> None:
+    """10,000 jobs, and among them what a careless or hostile producer sends by SQL: a payload
+    no Python can read, a row that names columns only workers may set, a time of 'infinity', and
+    a 'processing' row without a lease (made by hand with an UPDATE). Workers are killed at
+    random throughout. Every good job completes, the poison fails alone, the refused rows are
+    never stored, and no job stays queued or processing; no attempt was counted without its
+    handler having run."""
+    total = 10_000
+    runs = tmp_path / "runs.txt"
+    env = notifyq_env(
+        db_url,
+        NOTIFYQ_IMPORT="tests.sample_tasks",
+        NQ_RUNS_FILE=str(runs),
+        NOTIFYQ_LEASE_SECONDS="3",
+        NOTIFYQ_POLL_INTERVAL="1",
+        NOTIFYQ_CONCURRENCY="4",
+    )
+    rng = random.Random(12)
+    killed: set[int] = set()
+    with processes(tmp_path) as start, psycopg.connect(db_url, autocommit=True) as conn:
+        workers = [start("worker", env=env, name=f"w{i}") for i in range(3)]
+        for worker in workers:
+            worker.wait_for_output("ready")
+        conn.execute(
+            """INSERT INTO notifyq.jobs (task, payload)
+               SELECT 'record_slowly', jsonb_build_object('n', i, 'seconds', 0.02)
+               FROM generate_series(1, %s) i""",
+            [total // 2],
+        )
+        poison = conn.execute(
+            "INSERT INTO notifyq.jobs (task, payload) VALUES ('record_slowly', "
+            "('{\"n\": ' || repeat('[', 3000) || repeat(']', 3000) || '}')::jsonb) RETURNING id"
+        ).fetchone()[0]  # type: ignore[index]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO notifyq.jobs (task, payload, status) "
+                "VALUES ('record_slowly', '{\"n\": -1}', 'processing')"
+            )
+        with pytest.raises(psycopg.errors.DatetimeFieldOverflow):
+            conn.execute(
+                "SELECT notifyq.enqueue('record_slowly', '{\"n\": -2}', run_at => 'infinity')"
+            )
+        orphan = conn.execute(
+            "INSERT INTO notifyq.jobs (task, payload) "
+            "VALUES ('record_slowly', jsonb_build_object('n', %s)) RETURNING id",
+            [total + 1],
+        ).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "UPDATE notifyq.jobs SET status = 'processing', attempt_count = 1 WHERE id = %s",
+            [orphan],
+        )
+        conn.execute(
+            """INSERT INTO notifyq.jobs (task, payload)
+               SELECT 'record_slowly', jsonb_build_object('n', i, 'seconds', 0.02)
+               FROM generate_series(%s::integer, %s::integer) i""",
+            [total // 2 + 1, total],
+        )
+        deadline = time.monotonic() + 300
+        while count(db_url, "status IN ('queued', 'processing')") > 0:
+            assert time.monotonic() < deadline, "soak did not finish"
+            time.sleep(rng.uniform(0.4, 1.2))
+            if count(db_url, "status IN ('queued', 'processing')") == 0:
+                break
+            victim = rng.randrange(len(workers))
+            workers[victim].signal(signal.SIGKILL)
+            workers[victim].wait()
+            killed.add(workers[victim].pid)
+            workers[victim] = start("worker", env=env, name=f"w{victim}")
+            workers[victim].wait_for_output("ready")
+        for worker in workers:
+            worker.signal(signal.SIGTERM)
+        assert [w.wait() for w in workers] == [0, 0, 0]
+        statuses = dict(
+            conn.execute("SELECT status, count(*) FROM notifyq.jobs GROUP BY status").fetchall()
+        )
+        failed = conn.execute(
+            "SELECT id, attempt_count, last_error FROM notifyq.jobs WHERE status = 'failed'"
+        ).fetchall()
+        attempts = dict(
+            conn.execute(
+                "SELECT (payload ->> 'n')::integer, attempt_count FROM notifyq.jobs "
+                "WHERE status = 'completed'"
+            ).fetchall()
+        )
+    assert len(killed) >= 8, "the soak should have killed many workers"
+    assert statuses == {"completed": total + 1, "failed": 1}, statuses
+    ((failed_id, failed_attempts, error),) = failed
+    assert failed_id == poison and failed_attempts == 1
+    assert "payload cannot be used" in error
+    ran = Counter(n for n, _ in read_runs(runs))
+    assert set(ran) == set(range(1, total + 2)), "a job never ran"
+    # An attempt counts only when its handler ran: never more attempts than runs.
+    over = {n: (attempts[n], ran[n]) for n in attempts if attempts[n] > ran[n]}
+    assert not over, f"attempts counted without a run: {list(over.items())[:10]}"
+    print(f"soak with bad rows: {len(killed)} kills, {sum(ran.values()) - len(ran)} reruns")
 
 
 def test_terminating_every_backend_mid_load_loses_no_accepted_job(
