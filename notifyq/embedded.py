@@ -18,8 +18,8 @@ Layout under the base folder (``<user data dir>/notifyq`` by default; ``/var/lib
 root)::
 
     pg18/              the cluster (PGDATA), its server.log and its unix socket
-    pg18.users.json    the processes using it, and the port it last listened on
-    pg18.lock          the lock guarding start, stop, reset and the registry
+    pg18.users.json    the processes using it, and the port it last listened on (0600)
+    pg18.lock          the lock guarding start, stop, reset and the registry (0600)
 
 PostgreSQL refuses to run as root, so as root the server runs as the system account
 :data:`SERVICE_ACCOUNT` (created with ``useradd --system`` when missing; ``nobody`` if it cannot
@@ -700,13 +700,27 @@ class _Paths:
         return self.data_dir / "server.log"
 
 
+def _write_file(path: Path, text: str, mode: int) -> None:
+    """Replaces ``path`` with a file holding ``text`` in one step, with exactly ``mode`` whatever
+    the umask, never following a symlink. Called with the lock held (one staging name)."""
+    staging = path.with_name(path.name + ".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(staging, flags, mode), "w") as file:
+        # Before writing: a staging file left by a crash keeps the mode it was made with.
+        os.fchmod(file.fileno(), mode)
+        file.write(text)
+    os.replace(staging, path)
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Holds an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
+        with contextlib.suppress(PermissionError):  # not ours: then not ours to change
+            os.fchmod(fd, 0o600)  # older versions made it 0644
         deadline = time.monotonic() + _LOCK_TIMEOUT
         while True:
             try:
@@ -771,11 +785,7 @@ class _Registry:
             "users": [{"pid": u.pid, "started": u.started, "token": u.token} for u in self.users],
             "port": self.port,
         }
-        staging = self.path.with_name(self.path.name + ".tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(staging, flags, 0o644), "w") as file:
-            json.dump(data, file, indent=1)
-        os.replace(staging, self.path)
+        _write_file(self.path, json.dumps(data, indent=1), 0o600)
 
 
 # -- processes ------------------------------------------------------------------------------

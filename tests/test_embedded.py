@@ -475,3 +475,23 @@ def test_root_runs_the_server_as_the_service_account(base_dir: Path) -> None:
         assert pg.data_dir.stat().st_uid == server_uid
         assert Path("/root").stat().st_mode == home_mode  # root's home not loosened
     assert_stopped(pid, pg.data_dir)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_registry_and_the_lock_are_private(base_dir: Path) -> None:
+    # As older versions left them: readable by everyone.
+    base_dir.mkdir(parents=True, exist_ok=True)
+    pg = EmbeddedPostgres(base_dir)
+    lock, registry = (base_dir / f"{pg.data_dir.name}.{end}" for end in ("lock", "users.json"))
+    for path in (lock, registry):
+        path.write_text('{"users": [], "port": null}')
+        path.chmod(0o644)
+
+    with pg:
+        assert (mode_of(lock), mode_of(registry)) == (0o600, 0o600)
+        pid = pg.server_pid
+    assert (mode_of(lock), mode_of(registry)) == (0o600, 0o600)
+    assert_stopped(pid, pg.data_dir)
