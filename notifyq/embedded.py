@@ -30,7 +30,8 @@ deep base folder), it listens on 127.0.0.1 instead and asks for the superuser's 
 (scram-sha-256), generated once and kept in ``pg18.password``; the URL then carries it (show it
 with :func:`notifyq.db.redact`). The rules are given at every start rather than kept in the
 cluster, so a cluster made by an older notifyq (trust on 127.0.0.1) is safe from its next start
-on.
+on; a server such a version left running is restarted when nobody uses it, and refused while
+someone does.
 
 PostgreSQL refuses to run as root, so as root the server runs as the system account
 :data:`SERVICE_ACCOUNT` (created with ``useradd --system`` when missing; ``nobody`` if it cannot
@@ -225,7 +226,7 @@ class EmbeddedPostgres:
         with _locked(paths.lock):
             registry = _Registry.load(paths.registry)
             had_users = bool(registry.users)
-            postmaster = self._running_postmaster(data_dir)
+            postmaster = self._joinable_postmaster(paths, registry)
             created = postmaster is None
             if postmaster is None:
                 postmaster = _Starter(binaries, paths, registry, self._progress).start()
@@ -336,6 +337,27 @@ class EmbeddedPostgres:
         logger.info("%s", message)
         if self._on_progress is not None:
             self._on_progress(message)
+
+    def _joinable_postmaster(self, paths: _Paths, registry: _Registry) -> _Postmaster | None:
+        """The running server to join, or None when one must be started. A server that was not
+        started with our authentication rules (by an older notifyq: trust on 127.0.0.1) is
+        stopped first when nobody uses it, and refused while someone does. Called with the lock
+        held."""
+        postmaster = self._running_postmaster(paths.data_dir)
+        if postmaster is None:
+            return None
+        problem = _unsafe_reason(postmaster, paths)
+        if problem is None:
+            return postmaster
+        if registry.users:
+            pids = ", ".join(str(user.pid) for user in registry.users)
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL in {paths.data_dir} (pid {postmaster.pid}) {problem}; "
+                f"stop the processes using it ({pids}) and start again"
+            )
+        self._progress(f"stopping the embedded PostgreSQL left in {paths.data_dir}: {problem}")
+        _stop(postmaster)
+        return None
 
     def _running_postmaster(self, data_dir: Path) -> _Postmaster | None:
         """The live postmaster of ``data_dir``, once it is ready; None if there is none (a stale
@@ -984,6 +1006,24 @@ class _Postmaster:
     def _tcp_host(self) -> str:
         host = _HOST if self.listen in ("*", "0.0.0.0", "::", "localhost") else self.listen
         return f"[{host}]" if ":" in host else host
+
+
+def _unsafe_reason(postmaster: _Postmaster, paths: _Paths) -> str | None:
+    """Why the running server may let someone in without a password: None when it was started
+    with our hba file (as every server this version starts is). Servers of older versions read
+    the cluster's own pg_hba.conf, which said trust on 127.0.0.1."""
+    url = postmaster.url("postgres", _read_password(paths) if postmaster.tcp else None)
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT current_setting('hba_file')").fetchone()
+    except psycopg.Error as exc:
+        return f"cannot be checked ({str(exc).strip()})"
+    if row is not None and row[0] == str(paths.hba):
+        return None
+    return (
+        f"was started by an older notifyq, without the rules that ask for a password on "
+        f"{postmaster.where}"
+    )
 
 
 def _stop(postmaster: _Postmaster) -> None:

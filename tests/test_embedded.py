@@ -8,10 +8,12 @@ not reach it; those tests use a folder of their own under the system temp instea
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -585,6 +587,25 @@ def make_trust_cluster(pg: EmbeddedPostgres) -> None:
     )  # fmt: skip
 
 
+def start_trust_server(pg: EmbeddedPostgres, port: int) -> int:
+    """Starts the cluster as notifyq did before: on 127.0.0.1 and its socket, trust for all.
+    Answers the postmaster's pid."""
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={pg.data_dir}"
+    pg_ctl = str(pg.bin_dir / "pg_ctl")
+    log = str(pg.data_dir / "server.log")
+    run_as_server_account([pg_ctl, "start", "-w", "-D", str(pg.data_dir), "-l", log, "-o", options])
+    pid = postmaster_pid(pg.data_dir)
+    assert pid is not None
+    return pid
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 def hba_rules(url: str) -> list[tuple[str, str]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(
@@ -712,3 +733,53 @@ def test_a_trust_cluster_made_by_an_older_version_is_safe_from_its_next_start(
     assert select_1(url) == 1
     pg.release()
     assert_stopped(pid, pg.data_dir)
+
+
+@needs_proc_net
+def test_a_trust_server_left_running_by_an_older_version_is_restarted_safely(
+    base_dir: Path,
+) -> None:
+    messages: list[str] = []
+    pg = EmbeddedPostgres(base_dir, on_progress=messages.append)
+    make_trust_cluster(pg)
+    old_port = free_tcp_port()
+    old_pid = start_trust_server(pg, old_port)
+    assert tcp_listeners(old_pid) == {("127.0.0.1", old_port)}
+
+    url = pg.acquire()
+
+    wait_gone(old_pid)
+    pid = pg.server_pid
+    assert pid is not None and pid != old_pid
+    assert tcp_listeners(pid) == set()
+    assert any("older notifyq" in line for line in messages), messages
+    assert select_1(url) == 1
+    pg.release()
+    assert_stopped(pid, pg.data_dir)
+
+
+@needs_proc_net
+def test_a_trust_server_of_an_older_version_is_not_joined_while_it_has_users(
+    base_dir: Path,
+) -> None:
+    pg = EmbeddedPostgres(base_dir)
+    make_trust_cluster(pg)
+    old_pid = start_trust_server(pg, free_tcp_port())
+    # A live process of that older version, recorded as using the server.
+    old_user = subprocess.Popen(["sleep", "120"])
+    try:
+        registry = base_dir / f"{pg.data_dir.name}.users.json"
+        user = {"pid": old_user.pid, "started": None, "token": "older"}
+        registry.write_text(f'{{"users": [{json.dumps(user)}], "port": null}}')
+
+        with pytest.raises(EmbeddedPostgresError, match="older notifyq") as caught:
+            pg.acquire()
+
+        assert str(old_user.pid) in str(caught.value)
+        assert alive(old_pid)  # not stopped under its users
+        assert pg.server_pid is None
+    finally:
+        old_user.kill()
+        old_user.wait(10)
+        os.kill(old_pid, signal.SIGINT)  # the server this test started
+        wait_gone(old_pid, timeout=30)
