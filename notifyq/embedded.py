@@ -5,7 +5,7 @@ failing that, from PostgreSQL binaries installed on the machine) on a per-user d
 shares it between the processes of one user::
 
     with EmbeddedPostgres(on_progress=print) as pg:
-        run_the_app(pg.url)   # postgresql://postgres@127.0.0.1:<port>/notifyq
+        run_the_app(pg.url)   # postgresql://postgres@/notifyq?host=<data folder>&port=5432
 
 The first process to :meth:`~EmbeddedPostgres.acquire` starts the server (running ``initdb``
 first on a new folder); the others find it through ``postmaster.pid`` and join it. Every user is
@@ -17,9 +17,21 @@ duplicated.
 Layout under the base folder (``<user data dir>/notifyq`` by default; ``/var/lib/notifyq`` for
 root)::
 
-    pg18/              the cluster (PGDATA), its server.log and its unix socket
-    pg18.users.json    the processes using it, and the port it last listened on
-    pg18.lock          the lock guarding start, stop, reset and the registry
+    pg18/              the cluster (PGDATA, 0700), its server.log and its unix socket
+    pg18.hba.conf      who may log in, and how: rewritten, and named as hba_file, at each start
+    pg18.password      the superuser's password (0600), only when the server listens on TCP
+    pg18.users.json    the processes using it, and the TCP port it last listened on (0600)
+    pg18.lock          the lock guarding start, stop, reset and the registry (0600)
+
+No login over the network without a password. The server listens on a unix socket in the
+cluster folder, which only its account (and root) can enter, and on no TCP port at all; logins
+on that socket need no password. Where the socket's path would be too long for the system (a
+deep base folder), it listens on 127.0.0.1 instead and asks for the superuser's password
+(scram-sha-256), generated once and kept in ``pg18.password``; the URL then carries it (show it
+with :func:`notifyq.db.redact`). The rules are given at every start rather than kept in the
+cluster, so a cluster made by an older notifyq (trust on 127.0.0.1) is safe from its next start
+on; a server such a version left running is restarted when nobody uses it, and refused while
+someone does.
 
 PostgreSQL refuses to run as root, so as root the server runs as the system account
 :data:`SERVICE_ACCOUNT` (created with ``useradd --system`` when missing; ``nobody`` if it cannot
@@ -41,10 +53,12 @@ import json
 import logging
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -60,6 +74,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from notifyq.db import redact
 from notifyq.errors import ConfigurationError, NotifyQError
 
 __all__ = [
@@ -90,9 +105,20 @@ _STOP_TIMEOUT = 60.0
 _LOCK_TIMEOUT = 120.0
 # sun_path is 104 (macOS) or 108 (Linux) bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 100
-# Given on the command line at each start, with the port and sockets, rather than written to
-# postgresql.conf: root never writes into the folder the unprivileged account owns.
-_SERVER_SETTINGS = (f"listen_addresses={_HOST}", "max_connections=100")
+# A server on its unix socket only binds no TCP port: the port just names the socket file, in a
+# folder of its own, so a fixed one never collides and keeps the URL the same across restarts.
+_SOCKET_PORT = 5432
+# Given on the command line at each start, with the port, sockets and hba_file, rather than
+# written to postgresql.conf: root never writes into the folder the unprivileged account owns,
+# and a cluster made by an older notifyq gets them too.
+_SERVER_SETTINGS = (
+    "max_connections=100",
+    "password_encryption=scram-sha-256",
+    # Defence in depth: the folder (0700) already keeps other accounts away from the socket.
+    "unix_socket_permissions=0700",
+)
+# What secrets.token_urlsafe makes: safe in a URL and in a SQL literal as it is.
+_PASSWORD_RE = re.compile(r"[A-Za-z0-9_-]{32,}")
 
 
 class EmbeddedPostgresError(NotifyQError):
@@ -169,7 +195,9 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        """The libpq URL of database :data:`DATABASE`, while acquired (trust authentication)."""
+        """The libpq URL of database :data:`DATABASE`, while acquired: on the unix socket (no
+        password needed), or on 127.0.0.1 with the superuser's password in it (log it only
+        through :func:`notifyq.db.redact`)."""
         if self._url is None:
             raise EmbeddedPostgresError("the embedded PostgreSQL is not acquired")
         return self._url
@@ -198,20 +226,21 @@ class EmbeddedPostgres:
         with _locked(paths.lock):
             registry = _Registry.load(paths.registry)
             had_users = bool(registry.users)
-            postmaster = self._running_postmaster(data_dir)
+            postmaster = self._joinable_postmaster(paths, registry)
             created = postmaster is None
             if postmaster is None:
                 postmaster = _Starter(binaries, paths, registry, self._progress).start()
             else:
                 verb = "joining" if had_users else "reusing the leftover"
                 self._progress(
-                    f"{verb} embedded PostgreSQL {binaries.version} on port {postmaster.port} "
+                    f"{verb} embedded PostgreSQL {binaries.version} on {postmaster.where} "
                     f"(pid {postmaster.pid}, data in {data_dir})"
                 )
+            password = _read_password(paths) if postmaster.tcp else None
             try:
                 if created or not had_users:
                     # A new cluster, or a server left by a killed process, may lack it.
-                    _ensure_database(postmaster)
+                    _ensure_database(postmaster, password)
                 registry.users.append(_User.of_this_process(token))
                 if postmaster.tcp:
                     registry.port = postmaster.port
@@ -224,7 +253,7 @@ class EmbeddedPostgres:
         if created:
             logger.info("embedded PostgreSQL %s started in %s", binaries.version, data_dir)
         self._token, self._owner_pid = token, os.getpid()
-        self._url, self._server_pid = postmaster.url(DATABASE), postmaster.pid
+        self._url, self._server_pid = postmaster.url(DATABASE, password), postmaster.pid
         atexit.register(self.release)
         return self._url
 
@@ -275,7 +304,8 @@ class EmbeddedPostgres:
             shutil.rmtree(data_dir, ignore_errors=True)
             for leftover in self._base_dir.glob(f"{data_dir.name}.init-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
-            paths.registry.unlink(missing_ok=True)
+            for owned in (paths.registry, paths.password, paths.hba):
+                owned.unlink(missing_ok=True)
             if data_dir.exists():
                 raise EmbeddedPostgresError(f"could not delete {data_dir}")
         return data_dir
@@ -293,7 +323,7 @@ class EmbeddedPostgres:
         self.release()
 
     def __repr__(self) -> str:
-        state = f"acquired, {self._url}" if self._url else "not acquired"
+        state = f"acquired, {redact(self._url)}" if self._url else "not acquired"
         return f"<EmbeddedPostgres {self._base_dir} ({state})>"
 
     # -- internals --------------------------------------------------------------------------
@@ -307,6 +337,27 @@ class EmbeddedPostgres:
         logger.info("%s", message)
         if self._on_progress is not None:
             self._on_progress(message)
+
+    def _joinable_postmaster(self, paths: _Paths, registry: _Registry) -> _Postmaster | None:
+        """The running server to join, or None when one must be started. A server that was not
+        started with our authentication rules (by an older notifyq: trust on 127.0.0.1) is
+        stopped first when nobody uses it, and refused while someone does. Called with the lock
+        held."""
+        postmaster = self._running_postmaster(paths.data_dir)
+        if postmaster is None:
+            return None
+        problem = _unsafe_reason(postmaster, paths)
+        if problem is None:
+            return postmaster
+        if registry.users:
+            pids = ", ".join(str(user.pid) for user in registry.users)
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL in {paths.data_dir} (pid {postmaster.pid}) {problem}; "
+                f"stop the processes using it ({pids}) and start again"
+            )
+        self._progress(f"stopping the embedded PostgreSQL left in {paths.data_dir}: {problem}")
+        _stop(postmaster)
+        return None
 
     def _running_postmaster(self, data_dir: Path) -> _Postmaster | None:
         """The live postmaster of ``data_dir``, once it is ready; None if there is none (a stale
@@ -499,10 +550,14 @@ def _create_service_account() -> Any:
 
 
 def _run(
-    command: Sequence[str], *, account: _Account | None = None, timeout: float
+    command: Sequence[str],
+    *,
+    account: _Account | None = None,
+    timeout: float,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Runs ``command`` (as ``account`` if given) in the C locale; raises
-    CalledProcessError with its output on failure."""
+    """Runs ``command`` (as ``account`` if given) in the C locale, with ``input`` on its stdin;
+    raises CalledProcessError with its output on failure."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LC_ALL": "C",
@@ -520,14 +575,14 @@ def _run(
                 command,
                 env=env,
                 cwd="/",
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                 # Pipes are safe: pg_ctl points the server's output at its log file.
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 **privileges,
             )
-        stdout, stderr = proc.communicate(timeout=timeout)
+        stdout, stderr = proc.communicate(input, timeout=timeout)
     except BaseException:
         if proc is not None and proc.poll() is None:
             # SIGINT rather than subprocess's SIGKILL: pg_ctl passes it on to the server it
@@ -542,7 +597,7 @@ def _run(
         raise
     finally:
         if proc is not None:
-            for pipe in (proc.stdout, proc.stderr):
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
     if proc.returncode:
@@ -699,14 +754,63 @@ class _Paths:
     def log(self) -> Path:
         return self.data_dir / "server.log"
 
+    @property
+    def hba(self) -> Path:
+        return self.base_dir / f"{self.data_dir.name}.hba.conf"
+
+    @property
+    def password(self) -> Path:
+        return self.base_dir / f"{self.data_dir.name}.password"
+
+    @property
+    def socket_fits(self) -> bool:
+        """Whether the unix socket in the data folder has a path short enough for sun_path (and
+        one unix_socket_directories can quote)."""
+        socket = os.fsencode(self.data_dir / f".s.PGSQL.{_SOCKET_PORT}")
+        return len(socket) <= _MAX_SOCKET_PATH and '"' not in str(self.data_dir)
+
+
+def _write_file(path: Path, text: str, mode: int) -> None:
+    """Replaces ``path`` with a file holding ``text`` in one step, with exactly ``mode`` whatever
+    the umask, never following a symlink. Called with the lock held (one staging name)."""
+    staging = path.with_name(path.name + ".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(staging, flags, mode), "w") as file:
+        # Before writing: a staging file left by a crash keeps the mode it was made with.
+        os.fchmod(file.fileno(), mode)
+        file.write(text)
+    os.replace(staging, path)
+
+
+def _read_password(paths: _Paths) -> str | None:
+    """The superuser's password kept for a server on TCP, or None if there is none (or it is not
+    one that notifyq made)."""
+    try:
+        fd = os.open(paths.password, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as file:
+        text = file.read(1024).strip()
+    return text if _PASSWORD_RE.fullmatch(text) else None
+
+
+def _new_password(paths: _Paths) -> str:
+    """A new password for the superuser, kept where only this account (and root) can read it:
+    the processes that join the server read it to log in; the server itself keeps a hash."""
+    password = secrets.token_urlsafe(32)
+    _write_file(paths.password, password + "\n", 0o600)
+    return password
+
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Holds an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
+        with contextlib.suppress(PermissionError):  # not ours: then not ours to change
+            os.fchmod(fd, 0o600)  # older versions made it 0644
         deadline = time.monotonic() + _LOCK_TIMEOUT
         while True:
             try:
@@ -771,11 +875,7 @@ class _Registry:
             "users": [{"pid": u.pid, "started": u.started, "token": u.token} for u in self.users],
             "port": self.port,
         }
-        staging = self.path.with_name(self.path.name + ".tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(staging, flags, 0o644), "w") as file:
-            json.dump(data, file, indent=1)
-        os.replace(staging, self.path)
+        _write_file(self.path, json.dumps(data, indent=1), 0o600)
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -889,14 +989,41 @@ class _Postmaster:
     def tcp(self) -> bool:
         return bool(self.listen)
 
-    def url(self, dbname: str) -> str:
+    @property
+    def where(self) -> str:
+        """Where it listens, for progress lines."""
         if self.tcp:
-            host = _HOST if self.listen in ("*", "0.0.0.0", "::", "localhost") else self.listen
-            if ":" in host:
-                host = f"[{host}]"
-            return f"postgresql://{_SUPERUSER}@{host}:{self.port}/{dbname}"
+            return f"{self._tcp_host()}:{self.port}"
+        return f"a unix socket in {self.socket_dir}"
+
+    def url(self, dbname: str, password: str | None = None) -> str:
+        if self.tcp:
+            user = _SUPERUSER if password is None else f"{_SUPERUSER}:{password}"
+            return f"postgresql://{user}@{self._tcp_host()}:{self.port}/{dbname}"
         socket_dir = urllib.parse.quote(self.socket_dir, safe="/")
         return f"postgresql://{_SUPERUSER}@/{dbname}?host={socket_dir}&port={self.port}"
+
+    def _tcp_host(self) -> str:
+        host = _HOST if self.listen in ("*", "0.0.0.0", "::", "localhost") else self.listen
+        return f"[{host}]" if ":" in host else host
+
+
+def _unsafe_reason(postmaster: _Postmaster, paths: _Paths) -> str | None:
+    """Why the running server may let someone in without a password: None when it was started
+    with our hba file (as every server this version starts is). Servers of older versions read
+    the cluster's own pg_hba.conf, which said trust on 127.0.0.1."""
+    url = postmaster.url("postgres", _read_password(paths) if postmaster.tcp else None)
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT current_setting('hba_file')").fetchone()
+    except psycopg.Error as exc:
+        return f"cannot be checked ({str(exc).strip()})"
+    if row is not None and row[0] == str(paths.hba):
+        return None
+    return (
+        f"was started by an older notifyq, without the rules that ask for a password on "
+        f"{postmaster.where}"
+    )
 
 
 def _stop(postmaster: _Postmaster) -> None:
@@ -968,18 +1095,60 @@ class _Starter:
             self.binaries = _runnable_binaries(self.binaries, self.account, self.progress)
         if not (data_dir / "PG_VERSION").exists():
             self.initdb()
-        self.progress(f"starting embedded PostgreSQL {self.binaries.version} in {data_dir}")
+        self.make_safe()
+        starting = f"starting embedded PostgreSQL {self.binaries.version} in {data_dir}"
+        if self.paths.socket_fits:
+            self.progress(starting)
+            return self.pg_ctl_start(_SOCKET_PORT, tcp=False)
+        self.progress(
+            f"{starting}, on {_HOST} with the password in {self.paths.password} (the path of "
+            "a unix socket there would be too long)"
+        )
         port = self.registry.port
         for attempt in range(3):
             port = _free_port(port)
             try:
-                return self.pg_ctl_start(port)
+                return self.pg_ctl_start(port, tcp=True)
             except EmbeddedPostgresError as exc:
                 # Another program took the port between our probe and the server's bind.
                 if attempt == 2 or "already in use" not in str(exc):
                     raise
                 port = None
         raise AssertionError("unreachable")
+
+    def make_safe(self) -> None:
+        """Sees to it that the server about to start lets nobody in without a password over the
+        network, whoever made the cluster: its socket folder private, the rules rewritten, and
+        on TCP the superuser's password set."""
+        data_dir = self.paths.data_dir
+        # PostgreSQL also accepts 0750 (a cluster made with group access): the group would
+        # reach the socket, where no password is asked.
+        if stat.S_IMODE(data_dir.stat().st_mode) & 0o077:
+            data_dir.chmod(0o700)
+        tcp = not self.paths.socket_fits
+        # Nothing secret in it, and the server's account (not root, as root) must read it.
+        _write_file(self.paths.hba, _hba_rules(tcp=tcp), 0o644)
+        if tcp:
+            self.set_password(_read_password(self.paths) or _new_password(self.paths))
+
+    def set_password(self, password: str) -> None:
+        """Sets the superuser's password in single-user mode: no server runs (the lock is held),
+        and a cluster made with trust has no other way in. The password goes on stdin, never on
+        a command line or in a log. Done at every start on TCP, so the file is always right."""
+        command = [
+            self.binaries.program("postgres"), "--single", "-D", str(self.paths.data_dir),
+            "-c", "exit_on_error=on", "-c", "log_min_error_statement=panic",
+            "-c", "log_checkpoints=off", "-c", "password_encryption=scram-sha-256",
+            _SUPERUSER,
+        ]  # fmt: skip
+        statement = f"ALTER ROLE {_SUPERUSER} PASSWORD '{password}'\n"  # safe: _PASSWORD_RE
+        try:
+            _run(command, account=self.account, timeout=_START_TIMEOUT + 30, input=statement)
+        except subprocess.CalledProcessError as exc:
+            detail = (exc.stderr or exc.stdout or "").replace(password, "***").strip()
+            raise EmbeddedPostgresError(
+                f"could not set the superuser's password in {self.paths.data_dir}:\n{detail}"
+            ) from None
 
     def initdb(self) -> None:
         data_dir = self.paths.data_dir
@@ -1003,7 +1172,8 @@ class _Starter:
             os.chown(staging, self.account.uid, self.account.gid, follow_symlinks=False)
         command = [
             self.binaries.program("initdb"), "-D", str(staging), "-U", _SUPERUSER,
-            "--auth=trust", "--encoding=UTF8", "--locale=C",
+            # Its own pg_hba.conf is not used (see make_safe), but it should be as safe.
+            "--auth-local=trust", "--auth-host=reject", "--encoding=UTF8", "--locale=C",
         ]  # fmt: skip
         try:
             _run(command, account=self.account, timeout=300)
@@ -1016,17 +1186,16 @@ class _Starter:
             ) from exc
         os.rename(staging, data_dir)
 
-    def pg_ctl_start(self, port: int) -> _Postmaster:
+    def pg_ctl_start(self, port: int, *, tcp: bool) -> _Postmaster:
+        """Starts the server on its unix socket only, or (``tcp``) on 127.0.0.1 only."""
         data_dir, log = self.paths.data_dir, self.paths.log
-        options = ["-p", str(port)]
+        options = ["-p", str(port), "-c", f"hba_file={self.paths.hba}"]
         for setting in _SERVER_SETTINGS:
             options += ["-c", setting]
-        socket_dir = str(data_dir)
-        if len(socket_dir) + len(f"/.s.PGSQL.{port}") <= _MAX_SOCKET_PATH and '"' not in socket_dir:
-            options += ["-c", f'unix_socket_directories="{socket_dir}"']
+        if tcp:
+            options += ["-c", f"listen_addresses={_HOST}", "-c", "unix_socket_directories="]
         else:
-            logger.info("%s is too long for a unix socket; listening on TCP only", data_dir)
-            options += ["-c", "unix_socket_directories="]
+            options += ["-c", "listen_addresses=", "-c", f'unix_socket_directories="{data_dir}"']
         # No server runs here (checked under the lock): socket lock files left by a killed one
         # would make PostgreSQL refuse the port while that pid lingers as a zombie.
         for leftover in data_dir.glob(".s.PGSQL.*"):
@@ -1060,6 +1229,21 @@ class _Starter:
         return postmaster
 
 
+def _hba_rules(*, tcp: bool) -> str:
+    """The client authentication rules: trust on the unix socket (in a folder only the server's
+    account and root can enter), a password on 127.0.0.1, nothing else."""
+    lines = [
+        "# Written by notifyq at each start of its embedded PostgreSQL (given as hba_file).",
+        "# No login over the network without a password.",
+    ]
+    if tcp:
+        lines.append(f"host all all {_HOST}/32 scram-sha-256")
+    else:
+        lines.append("local all all trust")
+    lines.append("host all all all reject")
+    return "\n".join(lines) + "\n"
+
+
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -1067,12 +1251,12 @@ def _tail(path: Path, lines: int = 20) -> str:
         return f"(no log: {exc})"
 
 
-def _ensure_database(postmaster: _Postmaster) -> None:
+def _ensure_database(postmaster: _Postmaster, password: str | None) -> None:
     """Creates database :data:`DATABASE` if missing (at a cluster's first start, or on a server
     left by an older run)."""
     try:
         with psycopg.connect(
-            postmaster.url("postgres"), autocommit=True, connect_timeout=10
+            postmaster.url("postgres", password), autocommit=True, connect_timeout=10
         ) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]

@@ -8,10 +8,12 @@ not reach it; those tests use a folder of their own under the system temp instea
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -23,12 +25,14 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from notifyq.embedded import (
     DATABASE,
     SERVICE_ACCOUNT,
     EmbeddedPostgres,
     EmbeddedPostgresError,
+    _service_account,
     reset,
 )
 from notifyq.errors import ConfigurationError, NotifyQError
@@ -195,8 +199,7 @@ def test_cold_start_gives_a_usable_url(base_dir: Path) -> None:
 
     url = pg.acquire()
 
-    assert url.startswith("postgresql://postgres@127.0.0.1:")
-    assert url.endswith(f"/{DATABASE}")
+    assert url == f"postgresql://postgres@/{DATABASE}?host={pg.data_dir}&port=5432"
     assert pg.acquire() == url == pg.url  # idempotent
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -370,7 +373,7 @@ def _dead_pid() -> int:
 @pytest.mark.parametrize("owner", ["dead process", "live process that is not postgres"])
 def test_a_stale_postmaster_pid_does_not_block_the_start(base_dir: Path, owner: str) -> None:
     with EmbeddedPostgres(base_dir) as pg:
-        port = pg.url.rsplit(":", 1)[1].split("/")[0]
+        port = conninfo_to_dict(pg.url)["port"]
     stale_pid = _dead_pid() if owner == "dead process" else os.getpid()
     pid_file = pg.data_dir / "postmaster.pid"
     pid_file.write_text(
@@ -422,15 +425,6 @@ def test_missing_binaries_raise_a_clear_error(base_dir: Path, tmp_path: Path) ->
     assert not base_dir.exists() or not any(base_dir.iterdir())
 
 
-def test_a_long_data_path_listens_on_tcp_only(base_dir: Path) -> None:
-    deep = base_dir / ("d" * 60) / ("e" * 60)
-    with EmbeddedPostgres(deep) as pg:
-        assert select_1(pg.url) == 1
-        assert not any(path.name.startswith(".s.PGSQL.") for path in pg.data_dir.iterdir())
-        pid = pg.server_pid
-    assert_stopped(pid, pg.data_dir)
-
-
 def _system_bin_dir() -> Path | None:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: p.parent.name)
     return next((path for path in reversed(found) if (path / "postgres").exists()), None)
@@ -475,3 +469,317 @@ def test_root_runs_the_server_as_the_service_account(base_dir: Path) -> None:
         assert pg.data_dir.stat().st_uid == server_uid
         assert Path("/root").stat().st_mode == home_mode  # root's home not loosened
     assert_stopped(pid, pg.data_dir)
+
+
+# -- no login over the network without a password ----------------------------------------------
+
+needs_proc_net = pytest.mark.skipif(
+    not Path("/proc/self/net/tcp").exists(), reason="reads listening sockets from /proc"
+)
+
+
+def tcp_listeners(pid: int) -> set[tuple[str, int]]:
+    """The (address, port) pairs process ``pid`` listens on over TCP (IPv6 as ``"ipv6"``)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: LISTEN
+                address, _, port = local.partition(":")
+                host = ".".join(str(b) for b in reversed(bytes.fromhex(address)))
+                found.add((host if table == "tcp" else "ipv6", int(port, 16)))
+    return found
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_registry_and_the_lock_are_private(base_dir: Path) -> None:
+    # As older versions left them: readable by everyone.
+    base_dir.mkdir(parents=True, exist_ok=True)
+    pg = EmbeddedPostgres(base_dir)
+    lock, registry = (base_dir / f"{pg.data_dir.name}.{end}" for end in ("lock", "users.json"))
+    for path in (lock, registry):
+        path.write_text('{"users": [], "port": null}')
+        path.chmod(0o644)
+
+    with pg:
+        assert (mode_of(lock), mode_of(registry)) == (0o600, 0o600)
+        pid = pg.server_pid
+    assert (mode_of(lock), mode_of(registry)) == (0o600, 0o600)
+    assert_stopped(pid, pg.data_dir)
+
+
+def without_password(url: str) -> str:
+    parts = conninfo_to_dict(url)
+    parts.pop("password", None)
+    return make_conninfo("", **parts)
+
+
+def psql_as_nobody(url: str) -> subprocess.CompletedProcess[str]:
+    """``psql`` run as ``nobody``: another local user trying to log in."""
+    psql = shutil.which("psql") or str(next(iter(_psql_dirs()), Path("psql")) / "psql")
+    return subprocess.run(
+        [psql, "-X", "-w", "-d", url, "-c", "SELECT 1"],
+        user="nobody",
+        group="nogroup" if _has_group("nogroup") else "nobody",
+        extra_groups=[],
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C", "PGCONNECT_TIMEOUT": "5"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def _psql_dirs() -> list[Path]:
+    return [path for path in Path("/usr/lib/postgresql").glob("*/bin") if (path / "psql").exists()]
+
+
+def _has_group(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def run_as_server_account(command: list[str]) -> None:
+    """Runs ``command`` as the account that owns clusters (this one, or as root the server's)."""
+    privileges: dict[str, Any] = {}
+    if IS_ROOT:
+        account = _service_account()
+        privileges = {"user": account.uid, "group": account.gid, "extra_groups": []}
+    subprocess.run(
+        command,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+        cwd="/",
+        check=True,
+        capture_output=True,
+        timeout=120,
+        **privileges,
+    )
+
+
+def make_trust_cluster(pg: EmbeddedPostgres) -> None:
+    """A cluster as notifyq made them before: ``initdb --auth=trust``."""
+    pg.data_dir.mkdir(mode=0o700, parents=True)
+    if IS_ROOT:
+        pg.data_dir.parent.chmod(0o755)
+        account = _service_account()
+        os.chown(pg.data_dir, account.uid, account.gid)
+    initdb = str(pg.bin_dir / "initdb")
+    run_as_server_account(
+        [initdb, "-D", str(pg.data_dir), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
+         "--locale=C"]
+    )  # fmt: skip
+
+
+def start_trust_server(pg: EmbeddedPostgres, port: int) -> int:
+    """Starts the cluster as notifyq did before: on 127.0.0.1 and its socket, trust for all.
+    Answers the postmaster's pid."""
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={pg.data_dir}"
+    pg_ctl = str(pg.bin_dir / "pg_ctl")
+    log = str(pg.data_dir / "server.log")
+    run_as_server_account([pg_ctl, "start", "-w", "-D", str(pg.data_dir), "-l", log, "-o", options])
+    pid = postmaster_pid(pg.data_dir)
+    assert pid is not None
+    return pid
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def hba_rules(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT type, auth_method FROM pg_hba_file_rules WHERE error IS NULL"
+        ).fetchall()
+    return [(str(kind), str(method)) for kind, method in rows]
+
+
+@needs_proc_net
+def test_by_default_the_server_listens_on_no_tcp_port_only_on_a_private_socket(
+    base_dir: Path,
+) -> None:
+    pg = EmbeddedPostgres(base_dir)
+
+    url = pg.acquire()
+
+    pid = pg.server_pid
+    assert pid is not None
+    assert tcp_listeners(pid) == set()
+    assert (pg.data_dir / "postmaster.pid").read_text().splitlines()[5] == ""
+    params = conninfo_to_dict(url)
+    assert params["host"] == str(pg.data_dir)
+    assert "password" not in params
+    assert (pg.data_dir / f".s.PGSQL.{params['port']}").is_socket()
+    assert mode_of(pg.data_dir) == 0o700
+    assert pg.data_dir.stat().st_uid == Path(f"/proc/{pid}").stat().st_uid
+    assert not (base_dir / f"{pg.data_dir.name}.password").exists()
+    assert hba_rules(url) == [("local", "trust"), ("host", "reject")]
+    pg.release()
+    assert_stopped(pid, pg.data_dir)
+
+
+@needs_proc_net
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to try it as another user")
+@pytest.mark.skipif(not (shutil.which("psql") or _psql_dirs()), reason="no psql")
+def test_another_local_user_cannot_log_in(base_dir: Path) -> None:
+    with EmbeddedPostgres(base_dir) as pg:
+        pid = pg.server_pid
+        assert pid is not None
+        on_socket = psql_as_nobody(pg.url)
+        # psql ran, and the socket's folder turned it away.
+        assert on_socket.returncode != 0
+        assert "Permission denied" in on_socket.stderr, on_socket.stderr
+        for host, port in tcp_listeners(pid):
+            url = f"postgresql://postgres@{'::1' if host == 'ipv6' else host}:{port}/{DATABASE}"
+            on_tcp = psql_as_nobody(url)
+            assert on_tcp.returncode != 0, f"nobody logged in on {host}:{port}"
+        assert select_1(pg.url) == 1  # root (the owner's side) still can
+    assert_stopped(pid, pg.data_dir)
+
+
+def deep_base(base_dir: Path) -> Path:
+    """A base folder so deep that a unix socket in its cluster folder would not fit sun_path."""
+    return base_dir / ("d" * 60) / ("e" * 60)
+
+
+@needs_proc_net
+def test_a_long_data_path_listens_on_127_0_0_1_and_asks_for_the_password(
+    base_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG", logger="notifyq.embedded")
+    messages: list[str] = []
+    pg = EmbeddedPostgres(deep_base(base_dir), on_progress=messages.append)
+
+    url = pg.acquire()
+
+    params = conninfo_to_dict(url)
+    password = str(params["password"])
+    assert params["host"] == "127.0.0.1"
+    password_file = pg.base_dir / f"{pg.data_dir.name}.password"
+    assert password_file.read_text().strip() == password
+    assert mode_of(password_file) == 0o600
+    assert password_file.stat().st_uid == os.geteuid()  # the server's account needs no copy
+    pid = pg.server_pid
+    assert pid is not None
+    assert tcp_listeners(pid) == {("127.0.0.1", int(str(params["port"])))}
+    assert not any(path.name.startswith(".s.PGSQL.") for path in pg.data_dir.iterdir())
+    assert select_1(url) == 1
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(without_password(url), connect_timeout=5)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(url.replace(password, password[::-1]), connect_timeout=5)
+    assert hba_rules(url) == [("host", "scram-sha-256"), ("host", "reject")]
+    # Shown only redacted, and never written anywhere but its own file.
+    assert password not in repr(pg)
+    pg.release()
+    assert_stopped(pid, pg.data_dir)
+    assert messages and caplog.messages
+    for line in [*messages, *caplog.messages]:
+        assert password not in line
+    for path in pg.base_dir.iterdir():
+        if path.is_file() and path != password_file:
+            assert password not in path.read_text(errors="replace"), path
+    assert password not in (pg.data_dir / "server.log").read_text(errors="replace")
+
+    # The next start keeps the password (a URL handed out stays good).
+    again = EmbeddedPostgres(deep_base(base_dir))
+    assert conninfo_to_dict(again.acquire())["password"] == password
+    pid = again.server_pid
+    again.release()
+    assert_stopped(pid, pg.data_dir)
+
+
+@needs_proc_net
+@pytest.mark.parametrize("path", ["short", "long"])
+def test_a_trust_cluster_made_by_an_older_version_is_safe_from_its_next_start(
+    base_dir: Path, path: str
+) -> None:
+    pg = EmbeddedPostgres(base_dir if path == "short" else deep_base(base_dir))
+    make_trust_cluster(pg)
+
+    url = pg.acquire()
+
+    pid = pg.server_pid
+    assert pid is not None
+    listeners = tcp_listeners(pid)
+    if path == "short":
+        assert listeners == set()
+        assert hba_rules(url) == [("local", "trust"), ("host", "reject")]
+    else:
+        assert listeners == {("127.0.0.1", int(str(conninfo_to_dict(url)["port"])))}
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(without_password(url), connect_timeout=5)
+        assert hba_rules(url) == [("host", "scram-sha-256"), ("host", "reject")]
+    assert select_1(url) == 1
+    pg.release()
+    assert_stopped(pid, pg.data_dir)
+
+
+@needs_proc_net
+def test_a_trust_server_left_running_by_an_older_version_is_restarted_safely(
+    base_dir: Path,
+) -> None:
+    messages: list[str] = []
+    pg = EmbeddedPostgres(base_dir, on_progress=messages.append)
+    make_trust_cluster(pg)
+    old_port = free_tcp_port()
+    old_pid = start_trust_server(pg, old_port)
+    assert tcp_listeners(old_pid) == {("127.0.0.1", old_port)}
+
+    url = pg.acquire()
+
+    wait_gone(old_pid)
+    pid = pg.server_pid
+    assert pid is not None and pid != old_pid
+    assert tcp_listeners(pid) == set()
+    assert any("older notifyq" in line for line in messages), messages
+    assert select_1(url) == 1
+    pg.release()
+    assert_stopped(pid, pg.data_dir)
+
+
+@needs_proc_net
+def test_a_trust_server_of_an_older_version_is_not_joined_while_it_has_users(
+    base_dir: Path,
+) -> None:
+    pg = EmbeddedPostgres(base_dir)
+    make_trust_cluster(pg)
+    old_pid = start_trust_server(pg, free_tcp_port())
+    # A live process of that older version, recorded as using the server.
+    old_user = subprocess.Popen(["sleep", "120"])
+    try:
+        registry = base_dir / f"{pg.data_dir.name}.users.json"
+        user = {"pid": old_user.pid, "started": None, "token": "older"}
+        registry.write_text(f'{{"users": [{json.dumps(user)}], "port": null}}')
+
+        with pytest.raises(EmbeddedPostgresError, match="older notifyq") as caught:
+            pg.acquire()
+
+        assert str(old_user.pid) in str(caught.value)
+        assert alive(old_pid)  # not stopped under its users
+        assert pg.server_pid is None
+    finally:
+        old_user.kill()
+        old_user.wait(10)
+        os.kill(old_pid, signal.SIGINT)  # the server this test started
+        wait_gone(old_pid, timeout=30)
