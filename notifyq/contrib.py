@@ -156,6 +156,12 @@ class ContribSettings(BaseSettings):
         "means the file tasks refuse to run.",
     )
 
+    files_allow_hard_links: bool = Field(
+        default=False,
+        description="Let file_digest and file_gzip read a file that has more than one hard "
+        "link; refused by default, since the other link may be outside NOTIFYQ_FILES_ROOT.",
+    )
+
     @field_validator(
         "smtp_username", "smtp_password", "smtp_from", "smtp_ca_file", "files_root", mode="before"
     )
@@ -686,24 +692,44 @@ def _path_error(exc: OSError, given: str, task: str) -> Exception:
     return exc
 
 
-def _open_regular(place: _Place, folder: int, task: str) -> tuple[int, os.stat_result]:
-    """Opens the regular file ``place`` for reading, or fails without opening anything else."""
+def _open_regular(
+    place: _Place, folder: int, task: str, settings: ContribSettings
+) -> tuple[int, os.stat_result]:
+    """Opens the regular file ``place`` for reading, or fails without opening anything else.
+    A file with more than one hard link is refused unless NOTIFYQ_FILES_ALLOW_HARD_LINKS: a
+    link made inside the root to a file outside it is the same file, and no path check can
+    tell (the other name may be anywhere on the file system)."""
     name = place.parts[-1]
     try:
         # Looked at first, so a FIFO or a device is never opened (opening one may block or act).
-        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
-        if stat.S_ISLNK(mode):  # only a link that realpath could not resolve: a loop
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):  # only a link that realpath could not resolve: a loop
             raise PermanentFailure(f"{task}: {place.given!r} is a symlink that loops")
-        if not stat.S_ISREG(mode):
-            raise PermanentFailure(f"{task}: {place.given!r} is not a regular file")
+        _check_regular(info, place, task, settings)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError as exc:
         raise _path_error(exc, place.given, task) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    try:
+        # Again on what was opened: the name may have changed hands since it was looked at.
+        info = os.fstat(fd)
+        _check_regular(info, place, task, settings)
+    except BaseException:
         os.close(fd)
-        raise PermanentFailure(f"{task}: {place.given!r} is not a regular file")
+        raise
     return fd, info
+
+
+def _check_regular(
+    info: os.stat_result, place: _Place, task: str, settings: ContribSettings
+) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise PermanentFailure(f"{task}: {place.given!r} is not a regular file")
+    if info.st_nlink > 1 and not settings.files_allow_hard_links:
+        raise PermanentFailure(
+            f"{task}: {place.given!r} has {info.st_nlink} hard links, and another link may be "
+            "outside NOTIFYQ_FILES_ROOT; refusing to read it (set "
+            "NOTIFYQ_FILES_ALLOW_HARD_LINKS=true to allow files with several links)"
+        )
 
 
 def _digest_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -714,7 +740,7 @@ def _digest_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dic
         request = _validate(FileDigestPayload, payload, "file_digest")
         place = _confine(_root(settings, "file_digest"), request.path, "file_digest")
         with _folder(place, "file_digest") as folder:
-            fd, _ = _open_regular(place, folder, "file_digest")
+            fd, _ = _open_regular(place, folder, "file_digest", settings)
             with os.fdopen(fd, "rb") as source:
                 size, sha256, lines = _scan(source, None)
         return {"path": request.path, "size": size, "sha256": sha256, "lines": lines}
@@ -752,7 +778,7 @@ def _gzip_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict[
         dest_given = request.dest or request.path + ".gz"
         dest = _confine(root, dest_given, "file_gzip", parent_only=True)
         with _folder(source, "file_gzip") as source_folder:
-            fd, info = _open_regular(source, source_folder, "file_gzip")
+            fd, info = _open_regular(source, source_folder, "file_gzip", settings)
             with os.fdopen(fd, "rb") as reader, _folder(dest, "file_gzip") as dest_folder:
                 _check_dest(dest, dest_folder, info, request.overwrite)
                 size, sha256, gzip_size = _write_gzip(

@@ -889,6 +889,22 @@ async def test_file_tasks_refuse_to_run_without_a_root(tmp_path: Path) -> None:
     assert not (tmp_path / "a.txt.gz").exists()
 
 
+@pytest.mark.parametrize("name", ["file_digest", "file_gzip"])
+async def test_a_hard_link_to_an_outside_file_is_refused_unless_allowed(
+    tree: Tree, name: str
+) -> None:
+    # No path check can see it: the link is a plain file inside the root, the same file as
+    # the secret outside.
+    os.link(tree.outside / "secret.txt", tree.root / "sub" / "hard.txt")
+    with pytest.raises(PermanentFailure, match=r"'sub/hard.txt' has 2 hard links") as caught:
+        await run(file_tasks(tree)[name], {"path": "sub/hard.txt"})
+    assert "NOTIFYQ_FILES_ALLOW_HARD_LINKS=true" in str(caught.value)
+    assert not (tree.root / "sub" / "hard.txt.gz").exists()
+    allowed = tasks(files_root=tree.root, files_allow_hard_links=True)[name]
+    result = await run(allowed, {"path": "sub/hard.txt"})
+    assert result["sha256"] == hashlib.sha256(b"top secret\n").hexdigest()
+
+
 # -- through a real worker ---------------------------------------------------------------------
 
 
