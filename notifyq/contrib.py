@@ -137,6 +137,11 @@ class ContribSettings(BaseSettings):
         le=3600,
         description="Seconds one email may take in all: connect, TLS, login and sending.",
     )
+    smtp_allow_plaintext_login: bool = Field(
+        default=False,
+        description="Allow logging in (NOTIFYQ_SMTP_USERNAME) over a connection without TLS, "
+        "which sends the password in clear; without it such settings are refused.",
+    )
     http_timeout: float = Field(
         default=30.0,
         gt=0,
@@ -183,6 +188,14 @@ class ContribSettings(BaseSettings):
             )
         if (self.smtp_username is None) != (self.smtp_password is None):
             raise ValueError("set both NOTIFYQ_SMTP_USERNAME and NOTIFYQ_SMTP_PASSWORD, or neither")
+        plaintext = not (self.smtp_ssl or self.smtp_starttls)
+        if self.smtp_username is not None and plaintext and not self.smtp_allow_plaintext_login:
+            raise ValueError(
+                "NOTIFYQ_SMTP_USERNAME is set but the SMTP connection has no TLS, so the "
+                "password would travel in clear: set NOTIFYQ_SMTP_STARTTLS=true (port 587) or "
+                "NOTIFYQ_SMTP_SSL=true (port 465), or NOTIFYQ_SMTP_ALLOW_PLAINTEXT_LOGIN=true "
+                "to log in without TLS anyway"
+            )
         return self
 
     @classmethod

@@ -390,6 +390,40 @@ async def test_implicit_tls(
     assert len(mailbox.received) == 1
 
 
+def recording_authenticator(logins: list[tuple[bytes, bytes]]) -> Any:
+    def check(server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> Any:
+        assert isinstance(auth_data, aiosmtpd.smtp.LoginPassword)
+        logins.append((auth_data.login, auth_data.password))
+        return aiosmtpd.smtp.AuthResult(success=True)
+
+    return check
+
+
+async def test_login_without_tls_is_refused_unless_allowed(
+    smtp_server: Callable[..., SMTPServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server that would take the password in clear: the settings never let it get there.
+    logins: list[tuple[bytes, bytes]] = []
+    mailbox = Mailbox()
+    server = smtp_server(
+        mailbox, authenticator=recording_authenticator(logins), auth_require_tls=False
+    )
+    login = {"smtp_port": server.port, "smtp_username": "mailer", "smtp_password": "s3cret"}
+    with pytest.raises(ConfigurationError) as caught:
+        ContribSettings.load(**login)
+    for advice in ("NOTIFYQ_SMTP_STARTTLS", "NOTIFYQ_SMTP_SSL", "NOTIFYQ_SMTP_ALLOW_PLAINTEXT"):
+        assert advice in str(caught.value)
+    monkeypatch.setenv("NOTIFYQ_SMTP_USERNAME", "mailer")
+    monkeypatch.setenv("NOTIFYQ_SMTP_PASSWORD", "s3cret")
+    with pytest.raises(ConfigurationError, match="would travel in clear"):
+        ContribSettings.load()
+    assert logins == []
+    # Asked for explicitly, it logs in as before.
+    send = tasks(**login, smtp_allow_plaintext_login=True)["send_email"]
+    await run(send, {"to": "ada@example.com", "subject": "s", "text": "t"})
+    assert logins == [(b"mailer", b"s3cret")] and len(mailbox.received) == 1
+
+
 # -- http_request ------------------------------------------------------------------------------
 
 
