@@ -13,7 +13,12 @@ Every handler validates its payload with a pydantic model (the ``*Payload`` clas
 payload fails the job at once with :class:`~notifyq.errors.PermanentFailure` naming the field.
 A failure that may pass (a server answering 4xx over SMTP or 5xx over HTTP, a timeout, a refused
 connection) raises :class:`TransientFailure` and the job is retried with backoff; one that will
-not (a refused recipient, an HTTP 404, a path outside the root) raises ``PermanentFailure``.
+not (a refused recipient, an HTTP 404, a path outside the root, a text that cannot be encoded)
+raises ``PermanentFailure``, and so does any ValueError, LookupError or TypeError that escapes a
+handler, since the same payload would raise it again at every attempt.
+
+Safe by default: ``send_email`` never logs in without TLS unless told; the file tasks
+refuse a file with several hard links.
 """
 
 from __future__ import annotations
@@ -243,12 +248,40 @@ def _validate(model: type[P], payload: dict[str, Any], task: str) -> P:
         raise PermanentFailure(f"{task}: invalid payload: {'; '.join(problems)}") from None
 
 
+#: Exceptions that the same job would raise again on every attempt: a text that cannot be
+#: encoded, an unknown codec, a value of the wrong kind, data nested too deep.
+_NEVER_PASSES = (ValueError, LookupError, TypeError, RecursionError)
+
+
+@contextlib.contextmanager
+def _fails_for_good(task: str) -> Iterator[None]:
+    """Turns an exception that no retry can cure into a PermanentFailure naming it, so such a
+    job fails once instead of being retried with backoff until its attempts run out."""
+    try:
+        yield
+    except _NEVER_PASSES as exc:
+        # Not expected (each known case has its own message): keep the traceback in the log.
+        logger.warning("%s failed for good on an unexpected error", task, exc_info=True)
+        raise PermanentFailure(f"{task}: {type(exc).__name__}: {exc}") from exc
+
+
 # -- send_email --------------------------------------------------------------------------------
 
 
+#: What str.splitlines() breaks on, and the email package refuses in a header: CR and LF, but
+#: also VT, FF, the file/group/record separators, NEL, U+2028 and U+2029.
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _has_line_break(value: str) -> bool:
+    return "\x00" in value or not _LINE_BREAKS.isdisjoint(value)
+
+
 def _check_address(value: str) -> str:
-    if any(c in value for c in "\r\n\x00"):
-        raise ValueError("an address must not contain line breaks or NUL")
+    if _has_line_break(value):
+        raise ValueError(
+            "an address must not contain a line break (CR, LF, U+2028 and the like) or NUL"
+        )
     parsed = email.utils.getaddresses([value])
     if len(parsed) != 1:
         raise ValueError(f"{value!r} is not one email address")
@@ -264,8 +297,10 @@ def _one_or_many(value: Any) -> Any:
 
 
 def _single_line(value: str) -> str:
-    if any(c in value for c in "\r\n\x00"):
-        raise ValueError("must be a single line (no CR, LF or NUL)")
+    if _has_line_break(value):
+        raise ValueError(
+            "must be a single line (no CR, LF, U+2028 or other line break, and no NUL)"
+        )
     return value
 
 
@@ -300,12 +335,33 @@ def _email_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict
         """Sends an email over SMTP (see :class:`EmailPayload`); answers
         ``{"accepted": [...], "message_id": ...}``. A recipient the server refuses for good
         (5xx) fails the job without retries; a 4xx answer or a connection problem is retried."""
-        mail = _validate(EmailPayload, payload, "send_email")
-        sender = mail.sender or settings.smtp_from
-        if sender is None:
-            raise PermanentFailure(
-                "send_email: no sender: give 'from' in the payload or set NOTIFYQ_SMTP_FROM"
-            )
+        with _fails_for_good("send_email"):
+            mail = _validate(EmailPayload, payload, "send_email")
+            sender = mail.sender or settings.smtp_from
+            if sender is None:
+                raise PermanentFailure(
+                    "send_email: no sender: give 'from' in the payload or set NOTIFYQ_SMTP_FROM"
+                )
+            message, message_id = _compose(mail, sender)
+            recipients = list(dict.fromkeys(_bare(a) for a in [*mail.to, *mail.cc, *mail.bcc]))
+            refused = _deliver(settings, message, _bare(sender), recipients)
+        result: dict[str, Any] = {
+            "accepted": [r for r in recipients if r not in refused],
+            "message_id": message_id,
+        }
+        if refused:
+            # The others got the message, so a retry would send it to them twice: report it.
+            logger.warning("send_email %s: some recipients refused: %s", message_id, refused)
+            result["refused"] = {r: _smtp_reply(code, text) for r, (code, text) in refused.items()}
+        return result
+
+    return send_email
+
+
+def _compose(mail: EmailPayload, sender: str) -> tuple[EmailMessage, str]:
+    """The message and its Message-ID. Rendered once here, before any connection, so that a
+    text the email package cannot encode fails the job at once rather than at every attempt."""
+    try:
         message = EmailMessage()
         message["From"] = sender
         message["To"] = ", ".join(mail.to)
@@ -321,19 +377,10 @@ def _email_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict
         message.set_content(mail.text)
         if mail.html is not None:
             message.add_alternative(mail.html, subtype="html")
-        recipients = list(dict.fromkeys(_bare(a) for a in [*mail.to, *mail.cc, *mail.bcc]))
-        refused = _deliver(settings, message, _bare(sender), recipients)
-        result: dict[str, Any] = {
-            "accepted": [r for r in recipients if r not in refused],
-            "message_id": message_id,
-        }
-        if refused:
-            # The others got the message, so a retry would send it to them twice: report it.
-            logger.warning("send_email %s: some recipients refused: %s", message_id, refused)
-            result["refused"] = {r: _smtp_reply(code, text) for r, (code, text) in refused.items()}
-        return result
-
-    return send_email
+        message.as_bytes()
+    except (ValueError, LookupError) as exc:  # UnicodeEncodeError is a ValueError
+        raise PermanentFailure(f"send_email: the message cannot be written: {exc}") from None
+    return message, message_id
 
 
 def _smtp_reply(code: int, text: bytes | str) -> str:
@@ -415,7 +462,10 @@ def _deliver(
 # -- http_request ------------------------------------------------------------------------------
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: What a header value may hold: visible ASCII, space and tab (httpx sends headers as ASCII).
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _RETRIED_STATUSES = frozenset({408, 425, 429})
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_url(value: str) -> str:
@@ -434,6 +484,12 @@ def _check_headers(value: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"{name!r} is not a valid header name")
         if any(c in text for c in "\r\n\x00"):
             raise ValueError(f"header {name!r}: a value must not contain CR, LF or NUL")
+        if not _HEADER_VALUE.fullmatch(text):
+            raise ValueError(
+                f"header {name!r}: a value may hold only printable ASCII, spaces and tabs "
+                "(no control character, nothing beyond U+007E); encode other text first, "
+                "for example as RFC 8187 or base64"
+            )
     return value
 
 
@@ -441,7 +497,7 @@ class HttpRequestPayload(BaseModel):
     """The payload of ``http_request``: ``url`` (http or https), ``method`` (default GET),
     ``headers``, and at most one body: ``json`` (any JSON value, sent as application/json) or
     ``body`` (text, sent as UTF-8). ``timeout`` may shorten NOTIFYQ_HTTP_TIMEOUT, never
-    lengthen it."""
+    lengthen it. Header values are printable ASCII."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -563,11 +619,15 @@ async def _read_at_most(response: httpx.Response, limit: int) -> tuple[bytes, bo
 
 def _decode(raw: bytes, charset: str | None) -> str:
     try:
-        codec = codecs.lookup(charset or "utf-8").name
-    except LookupError:
-        codec = "utf-8"
-    # PostgreSQL's jsonb cannot hold NUL, and the result is stored there.
-    return raw.decode(codec, "replace").replace("\x00", "\ufffd")
+        text = raw.decode(codecs.lookup(charset or "utf-8").name, "replace")
+    except (LookupError, ValueError):
+        # An unknown charset, a codec that is no text encoding (hex, rot13) or one that cannot
+        # replace (idna): read the body as UTF-8, as for no charset at all. Failing here would
+        # be no better, since the request was made and answered.
+        text = raw.decode("utf-8", "replace")
+    # PostgreSQL's jsonb cannot hold NUL or an unpaired surrogate (which an escape codec can
+    # make), and the result is stored there.
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", "\ufffd"))
 
 
 def _parse_json(response: httpx.Response, text: str) -> Any:
@@ -577,7 +637,7 @@ def _parse_json(response: httpx.Response, text: str) -> Any:
     try:
         value = json.loads(text)
         encode_json(value, what="the response")
-    except (ValueError, InvalidJob):
+    except (ValueError, RecursionError, InvalidJob):
         return None
     return value
 
@@ -750,12 +810,13 @@ def _digest_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dic
         """Reads a file under NOTIFYQ_FILES_ROOT in chunks and answers ``{"path", "size",
         "sha256", "lines"}``. ``lines`` counts line breaks, plus one for a last line without
         one (so ``"a\\nb"`` has 2 lines, where ``wc -l`` says 1)."""
-        request = _validate(FileDigestPayload, payload, "file_digest")
-        place = _confine(_root(settings, "file_digest"), request.path, "file_digest")
-        with _folder(place, "file_digest") as folder:
-            fd, _ = _open_regular(place, folder, "file_digest", settings)
-            with os.fdopen(fd, "rb") as source:
-                size, sha256, lines = _scan(source, None)
+        with _fails_for_good("file_digest"):
+            request = _validate(FileDigestPayload, payload, "file_digest")
+            place = _confine(_root(settings, "file_digest"), request.path, "file_digest")
+            with _folder(place, "file_digest") as folder:
+                fd, _ = _open_regular(place, folder, "file_digest", settings)
+                with os.fdopen(fd, "rb") as source:
+                    size, sha256, lines = _scan(source, None)
         return {"path": request.path, "size": size, "sha256": sha256, "lines": lines}
 
     return file_digest
@@ -785,18 +846,19 @@ def _gzip_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict[
         also under the root), written to a temporary file in the same folder and then renamed
         into place, so ``dest`` is never seen half-written. Answers ``{"path", "dest", "size",
         "gzip_size", "sha256"}``, the size and SHA-256 being the original's."""
-        request = _validate(FileGzipPayload, payload, "file_gzip")
-        root = _root(settings, "file_gzip")
-        source = _confine(root, request.path, "file_gzip")
-        dest_given = request.dest or request.path + ".gz"
-        dest = _confine(root, dest_given, "file_gzip", parent_only=True)
-        with _folder(source, "file_gzip") as source_folder:
-            fd, info = _open_regular(source, source_folder, "file_gzip", settings)
-            with os.fdopen(fd, "rb") as reader, _folder(dest, "file_gzip") as dest_folder:
-                _check_dest(dest, dest_folder, info, request.overwrite)
-                size, sha256, gzip_size = _write_gzip(
-                    reader, dest, dest_folder, info, request.overwrite
-                )
+        with _fails_for_good("file_gzip"):
+            request = _validate(FileGzipPayload, payload, "file_gzip")
+            root = _root(settings, "file_gzip")
+            source = _confine(root, request.path, "file_gzip")
+            dest_given = request.dest or request.path + ".gz"
+            dest = _confine(root, dest_given, "file_gzip", parent_only=True)
+            with _folder(source, "file_gzip") as source_folder:
+                fd, info = _open_regular(source, source_folder, "file_gzip", settings)
+                with os.fdopen(fd, "rb") as reader, _folder(dest, "file_gzip") as dest_folder:
+                    _check_dest(dest, dest_folder, info, request.overwrite)
+                    size, sha256, gzip_size = _write_gzip(
+                        reader, dest, dest_folder, info, request.overwrite
+                    )
         return {
             "path": request.path,
             "dest": dest_given,

@@ -424,6 +424,43 @@ async def test_login_without_tls_is_refused_unless_allowed(
     assert logins == [(b"mailer", b"s3cret")] and len(mailbox.received) == 1
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"subject": "Report\u2028Bcc: eve@example.com"}, "subject"),
+        ({"subject": "a\u2029b"}, "subject"),
+        ({"subject": "a\x85b"}, "subject"),
+        ({"subject": "a\x0bb"}, "subject"),
+        ({"to": "Ada\u2028 <ada@example.com>"}, "to.0"),
+        ({"from": "Queue\x1c <queue@example.com>"}, "from"),
+    ],
+)
+async def test_a_line_separator_in_a_header_fails_at_once(
+    smtp_server: Callable[..., SMTPServer], change: dict[str, str], field: str
+) -> None:
+    # The email package refuses them (ValueError) as it refuses CR and LF: every attempt would
+    # fail the same way, so the first one fails the job, naming the field.
+    mailbox = Mailbox()
+    server = smtp_server(mailbox)
+    mail = {"to": "ada@example.com", "subject": "s", "text": "t", **change}
+    with pytest.raises(PermanentFailure, match=rf"invalid payload: {field}: .*line break"):
+        await run(tasks(smtp_port=server.port)["send_email"], mail)
+    assert mailbox.received == []
+
+
+async def test_a_text_that_cannot_be_encoded_fails_at_once(
+    smtp_server: Callable[..., SMTPServer],
+) -> None:
+    mailbox = Mailbox()
+    server = smtp_server(mailbox)
+    send = tasks(smtp_port=server.port)["send_email"]
+    for part in ("text", "html"):
+        mail = {"to": "ada@example.com", "subject": "s", "text": "t", part: "half \ud83d pair"}
+        with pytest.raises(PermanentFailure, match=r"cannot be written: .*surrogates"):
+            await run(send, mail)
+    assert mailbox.received == []
+
+
 # -- http_request ------------------------------------------------------------------------------
 
 
@@ -478,6 +515,10 @@ async def web_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await answer(send, 200, b"y" * int(query["n"]), "application/json")
     elif path == "/nul":
         await answer(send, 200, b"a\x00b", "application/octet-stream")
+    elif path == "/charset":
+        await answer(send, 200, b"caf\xc3\xa9 \\ud800", f"text/plain; charset={query['cs']}")
+    elif path == "/deep":
+        await answer(send, 200, b"[" * 100_000 + b"]" * 100_000, "application/json")
     elif path == "/hang":
         # Answers nothing until the client gives up and disconnects.
         while (await receive())["type"] != "http.disconnect":
@@ -608,6 +649,45 @@ async def test_http_body_is_truncated_to_the_setting(web: str) -> None:
 async def test_http_result_is_always_storable(web: str) -> None:
     result = await run(tasks()["http_request"], {"url": f"{web}/nul"})
     assert result["body"] == "a\ufffdb"
+
+
+@pytest.mark.parametrize(
+    ("charset", "body"),
+    [
+        # Codecs that are no text encoding, or cannot replace: read as UTF-8, like unknown ones.
+        ("hex", "café \\ud800"),
+        ("rot13", "café \\ud800"),
+        ("idna", "café \\ud800"),
+        # A codec that turns the text \ud800 into an unpaired surrogate, which jsonb refuses.
+        ("unicode_escape", "cafÃ© \ufffd"),
+    ],
+)
+async def test_http_a_charset_that_cannot_decode_does_not_fail_the_job(
+    web: str, charset: str, body: str
+) -> None:
+    # The request was made and answered: neither a retry nor a failure would be better.
+    result = await run(tasks()["http_request"], {"url": f"{web}/charset?cs={charset}"})
+    assert result["body"] == body
+
+
+async def test_http_json_nested_too_deep_is_kept_as_text(web: str) -> None:
+    result = await run(tasks()["http_request"], {"url": f"{web}/deep"})
+    assert result["json"] is None and result["body"].startswith("[[[")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"headers": {"X-Name": "Zoë"}}, r"headers: header 'X-Name': .*printable ASCII"),
+        ({"headers": {"X-Sep": "a\u2028b"}}, r"headers: header 'X-Sep': .*printable ASCII"),
+        ({"headers": {"X-Bell": "a\x07"}}, r"headers: header 'X-Bell': .*printable ASCII"),
+    ],
+)
+async def test_http_a_request_that_cannot_be_encoded_fails_at_once(
+    web: str, change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PermanentFailure, match=rf"invalid payload: {message}"):
+        await run(tasks()["http_request"], {"url": f"{web}/echo", **change})
 
 
 @pytest.mark.parametrize(
@@ -977,3 +1057,33 @@ async def test_contrib_jobs_through_a_worker(
     assert refused["attempt_count"] == 1
     assert refused["max_attempts"] == 5
     assert "ghost@example.com: 550 no such user" in refused["last_error"]
+
+
+async def test_jobs_that_can_never_work_fail_after_one_attempt(
+    settings: Settings,
+    conn: psycopg.AsyncConnection[Any],
+    web: str,
+    smtp_server: Callable[..., SMTPServer],
+) -> None:
+    # Each of these raised a plain ValueError or UnicodeEncodeError, which the worker retried
+    # with backoff until the attempts ran out.
+    server = smtp_server(Mailbox())
+    contrib = ContribSettings(
+        smtp_host="127.0.0.1", smtp_port=server.port, smtp_from="queue@example.com"
+    )
+    registry = worker_registry(Registry(contrib_tasks(contrib)))
+    jobs = {
+        "a U+2028 subject": (
+            "send_email",
+            {"to": "a@example.com", "subject": "a\u2028b", "text": "t"},
+        ),
+        "a non-ASCII header": ("http_request", {"url": f"{web}/json", "headers": {"X-A": "é"}}),
+    }
+    async with running_worker(settings, registry):
+        ids = {what: await insert(conn, task, payload) for what, (task, payload) in jobs.items()}
+        rows = {
+            what: await wait_for_status(conn, i, "completed", "failed") for what, i in ids.items()
+        }
+    for what, row in rows.items():
+        assert (row["status"], row["attempt_count"]) == ("failed", 1), what
+        assert "invalid payload" in row["last_error"], what
