@@ -17,8 +17,10 @@ not (a refused recipient, an HTTP 404, a path outside the root, a text that cann
 raises ``PermanentFailure``, and so does any ValueError, LookupError or TypeError that escapes a
 handler, since the same payload would raise it again at every attempt.
 
-Safe by default: ``send_email`` never logs in without TLS unless told; the file tasks
-refuse a file with several hard links.
+Safe by default: ``http_request`` reaches only public addresses, on every hop, unless
+NOTIFYQ_HTTP_ALLOW lists more (:mod:`notifyq.egress`), and sends the payload's secrets to no
+other origin; ``send_email`` never logs in without TLS unless told; the file tasks refuse a
+file with several hard links.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from notifyq import __version__
+from notifyq.egress import DestinationRefused, EgressPolicy, PinnedTransport, normal_allow_entry
 from notifyq.errors import ConfigurationError, InvalidJob, NotifyQError, PermanentFailure
 from notifyq.models import encode_json
 from notifyq.settings import describe_validation_error
@@ -160,12 +163,23 @@ class ContribSettings(BaseSettings):
         description="Bytes of the response body kept in an http_request's result; the rest is "
         "not read and the result says 'truncated'.",
     )
+    http_allow: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated host names, addresses and networks (CIDR) that "
+        "http_request may reach although they are loopback, private, link-local, "
+        "unique-local, CGNAT, multicast or reserved; none by default.",
+    )
+    http_trust_env: bool = Field(
+        default=False,
+        description="Let http_request take its trusted certificates from SSL_CERT_FILE and "
+        "SSL_CERT_DIR. Proxy variables are never used: a proxy would resolve the host itself, "
+        "out of reach of the address check.",
+    )
     files_root: Path | None = Field(
         default=None,
         description="The only folder that file_digest and file_gzip may read and write; unset "
         "means the file tasks refuse to run.",
     )
-
     files_allow_hard_links: bool = Field(
         default=False,
         description="Let file_digest and file_gzip read a file that has more than one hard "
@@ -183,6 +197,18 @@ class ContribSettings(BaseSettings):
     @classmethod
     def _sender_is_an_address(cls, value: str | None) -> str | None:
         return None if value is None else _check_address(value)
+
+    @field_validator("http_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("http_allow")
+    @classmethod
+    def _allow_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(normal_allow_entry(entry) for entry in value))
 
     @model_validator(mode="after")
     def _consistent(self) -> ContribSettings:
@@ -465,6 +491,11 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: What a header value may hold: visible ASCII, space and tab (httpx sends headers as ASCII).
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _RETRIED_STATUSES = frozenset({408, 425, 429})
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: The payload's headers that go along on a redirect to another origin (scheme, host, port);
+#: the others (API keys, tokens, cookies, signatures) were meant for the first origin only.
+CROSS_ORIGIN_HEADERS = frozenset({"accept", "accept-language", "user-agent", "content-type"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -520,80 +551,175 @@ class HttpRequestPayload(BaseModel):
         return self
 
 
-def _http_handler(
-    settings: ContribSettings,
-) -> Callable[[dict[str, Any]], Any]:
-    async def refuse_other_schemes(request: httpx.Request) -> None:
-        # Called before every request, redirects included.
-        if request.url.scheme not in ("http", "https"):
-            raise PermanentFailure(
-                f"http_request: refusing to follow a redirect to a {request.url.scheme}: URL"
-            )
+class _Refused(Exception):
+    """A request chain that will not be followed; the handler reports it as a
+    PermanentFailure naming the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Hop:
+    """One request of a chain of redirects."""
+
+    method: str
+    url: httpx.URL
+    headers: httpx.Headers
+    content: bytes | None
+
+    def redirected(self, status: int, target: httpx.URL) -> _Hop:
+        """The request that follows a ``status`` redirect to ``target``: the method and body as
+        browsers (and httpx) change them, and of the headers only :data:`CROSS_ORIGIN_HEADERS`
+        when the origin changes. Once dropped, a header stays dropped, even on the way back."""
+        method, content, headers = self.method, self.content, httpx.Headers(self.headers)
+        if (status in (302, 303) and method != "HEAD") or (status == 301 and method == "POST"):
+            if method != "GET":
+                content = None
+                for name in ("content-type", "content-length", "transfer-encoding"):
+                    headers.pop(name, None)
+            method = "GET"
+        if _origin(target) != _origin(self.url):
+            kept = [(k, v) for k, v in headers.multi_items() if k.lower() in CROSS_ORIGIN_HEADERS]
+            headers = httpx.Headers(kept)
+        return _Hop(method, target, headers, content)
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int]:
+    return url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme]
+
+
+def _http_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], Any]:
+    policy = EgressPolicy.parse(settings.http_allow)
 
     async def http_request(payload: dict[str, Any]) -> dict[str, Any]:
         """Makes an HTTP request (see :class:`HttpRequestPayload`), following up to 5 redirects
-        to http(s) URLs. A 2xx answer gives ``{"status", "headers", "body", "json", "url",
-        "truncated"}``; 5xx, 408, 425, 429, timeouts and connection errors are retried; any
-        other answer fails the job without retries."""
-        request = _validate(HttpRequestPayload, payload, "http_request")
-        timeout = min(request.timeout or settings.http_timeout, settings.http_timeout)
-        what = f"{request.method} {_redacted(request.url)}"
-        headers = httpx.Headers(request.headers)
-        content: bytes | None = None
-        if "json_body" in request.model_fields_set:
-            # Encoded here: httpx takes json=None for "no body", where we mean JSON null.
-            content = json.dumps(request.json_body, ensure_ascii=False).encode()
-            headers.setdefault("content-type", "application/json")
-        elif request.body is not None:
-            content = request.body.encode()
-        headers.setdefault("user-agent", f"notifyq/{__version__}")
-        try:
-            with anyio.fail_after(timeout):
-                async with (
-                    httpx.AsyncClient(
-                        follow_redirects=True,
-                        max_redirects=MAX_REDIRECTS,
-                        timeout=timeout,
-                        event_hooks={"request": [refuse_other_schemes]},
-                    ) as client,
-                    client.stream(
-                        request.method, request.url, headers=headers, content=content
-                    ) as response,
-                ):
-                    ok = response.is_success
-                    limit = settings.http_max_response_bytes if ok else ERROR_EXCERPT
-                    raw, truncated = await _read_at_most(response, limit)
-        except TimeoutError:
-            raise TransientFailure(f"{what}: no complete answer within {timeout:g}s") from None
-        except httpx.TimeoutException as exc:
-            raise TransientFailure(f"{what}: timed out ({type(exc).__name__})") from None
-        except httpx.TooManyRedirects:
-            raise PermanentFailure(f"{what}: more than {MAX_REDIRECTS} redirects") from None
-        except httpx.UnsupportedProtocol as exc:
-            raise PermanentFailure(f"{what}: {exc}") from None
-        except httpx.RequestError as exc:
-            raise TransientFailure(f"{what}: {type(exc).__name__}: {exc}") from exc
-        text = _decode(raw, response.charset_encoding)
-        status = response.status_code
-        if not ok:
-            excerpt = text + ("..." if truncated else "")
-            message = f"{what}: HTTP {status} {response.reason_phrase}: {excerpt!r}"
-            retry_after = response.headers.get("retry-after")
-            if retry_after:
-                message += f" (Retry-After: {retry_after})"
-            if status >= 500 or status in _RETRIED_STATUSES:
-                raise TransientFailure(message)
-            raise PermanentFailure(message)
-        return {
-            "status": status,
-            "url": str(response.url),
-            "headers": dict(response.headers.items()),
-            "body": text,
-            "truncated": truncated,
-            "json": None if truncated else _parse_json(response, text),
-        }
+        to http(s) URLs. Every connection, the first and each redirect's, goes only to an
+        address that is public or allowed by NOTIFYQ_HTTP_ALLOW (see :mod:`notifyq.egress`);
+        any other fails the job without retries, naming the address. A 2xx answer gives
+        ``{"status", "headers", "body", "json", "url", "truncated"}``; 5xx, 408, 425, 429,
+        timeouts and connection errors are retried; any other answer fails the job without
+        retries."""
+        with _fails_for_good("http_request"):
+            return await _http_request(settings, policy, payload)
 
     return http_request
+
+
+async def _http_request(
+    settings: ContribSettings, policy: EgressPolicy, payload: dict[str, Any]
+) -> dict[str, Any]:
+    request = _validate(HttpRequestPayload, payload, "http_request")
+    timeout = min(request.timeout or settings.http_timeout, settings.http_timeout)
+    what = f"{request.method} {_redacted(request.url)}"
+    content, content_type = _request_body(request)
+    headers = httpx.Headers(request.headers)
+    if content_type is not None:
+        headers.setdefault("content-type", content_type)
+    headers.setdefault("user-agent", f"notifyq/{__version__}")
+    first = _Hop(request.method, httpx.URL(request.url), headers, content)
+    ssl_context = httpx.create_ssl_context(trust_env=settings.http_trust_env)
+    try:
+        with anyio.fail_after(timeout):
+            async with httpx.AsyncClient(
+                transport=PinnedTransport(policy, ssl_context=ssl_context),
+                timeout=timeout,
+                trust_env=False,
+            ) as client:
+                response, raw, truncated = await _follow(
+                    client, first, settings.http_max_response_bytes
+                )
+    except _Refused as exc:
+        raise PermanentFailure(f"{what}: {exc}") from None
+    except TimeoutError:
+        raise TransientFailure(f"{what}: no complete answer within {timeout:g}s") from None
+    except httpx.TimeoutException as exc:
+        raise TransientFailure(f"{what}: timed out ({type(exc).__name__})") from None
+    except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+        # The request itself cannot be sent as given: no retry will change that.
+        raise PermanentFailure(f"{what}: {type(exc).__name__}: {exc}") from None
+    except httpx.RequestError as exc:
+        raise TransientFailure(f"{what}: {type(exc).__name__}: {exc}") from exc
+    return _result(response, raw, truncated, what)
+
+
+def _request_body(request: HttpRequestPayload) -> tuple[bytes | None, str | None]:
+    """The body to send and the content type it implies; a body that cannot be sent (an
+    unpaired surrogate is no UTF-8, NaN no JSON) fails the job at once, naming the field."""
+    field = "json"
+    try:
+        if "json_body" in request.model_fields_set:
+            # Encoded here: httpx takes json=None for "no body", where we mean JSON null.
+            text = json.dumps(request.json_body, ensure_ascii=False, allow_nan=False)
+            return text.encode(), "application/json"
+        field = "body"
+        return (None if request.body is None else request.body.encode()), None
+    except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise PermanentFailure(
+            f"http_request: invalid payload: {field}: cannot be sent: {exc}"
+        ) from None
+
+
+async def _follow(
+    client: httpx.AsyncClient, hop: _Hop, limit: int
+) -> tuple[httpx.Response, bytes, bool]:
+    """Sends ``hop`` and the redirects that follow it (each new connection is checked by the
+    transport), and answers the last response with the start of its body: at most ``limit``
+    bytes of a success, :data:`ERROR_EXCERPT` of anything else."""
+    for redirects in range(MAX_REDIRECTS + 1):
+        request = client.build_request(
+            hop.method, hop.url, headers=hop.headers, content=hop.content
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except DestinationRefused as exc:
+            where = "" if redirects == 0 else f"redirected to {_redacted(str(hop.url))}: "
+            raise _Refused(f"{where}{exc}") from None
+        try:
+            target = _redirect_target(response)
+            if target is None:
+                kept = limit if response.is_success else ERROR_EXCERPT
+                raw, truncated = await _read_at_most(response, kept)
+                return response, raw, truncated
+        finally:
+            await response.aclose()
+        hop = hop.redirected(response.status_code, target)
+    raise _Refused(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _redirect_target(response: httpx.Response) -> httpx.URL | None:
+    """Where ``response`` redirects to, or None when it is no redirect."""
+    location = response.headers.get("location")
+    if response.status_code not in _REDIRECT_STATUSES or location is None:
+        return None
+    try:
+        target = response.url.join(location)
+    except httpx.InvalidURL as exc:
+        raise _Refused(f"the redirect's Location {location[:200]!r} is no URL: {exc}") from None
+    if target.scheme not in ("http", "https"):
+        raise _Refused(f"refusing to follow a redirect to a {target.scheme}: URL")
+    if not target.host:
+        raise _Refused(f"the redirect's Location {location[:200]!r} names no host")
+    return target
+
+
+def _result(response: httpx.Response, raw: bytes, truncated: bool, what: str) -> dict[str, Any]:
+    text = _decode(raw, response.charset_encoding)
+    status = response.status_code
+    if not response.is_success:
+        excerpt = text + ("..." if truncated else "")
+        message = f"{what}: HTTP {status} {response.reason_phrase}: {excerpt!r}"
+        retry_after = response.headers.get("retry-after")
+        if retry_after:
+            message += f" (Retry-After: {retry_after})"
+        if status >= 500 or status in _RETRIED_STATUSES:
+            raise TransientFailure(message)
+        raise PermanentFailure(message)
+    return {
+        "status": status,
+        "url": str(response.url),
+        "headers": dict(response.headers.items()),
+        "body": text,
+        "truncated": truncated,
+        "json": None if truncated else _parse_json(response, text),
+    }
 
 
 def _redacted(url: str) -> str:

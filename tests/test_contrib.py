@@ -53,6 +53,8 @@ def tasks(**overrides: Any) -> dict[str, Task]:
         "smtp_from": "Queue <queue@example.com>",
         "smtp_timeout": 10.0,
         "http_timeout": 10.0,
+        # The test peers listen on loopback, which http_request refuses unless allowed.
+        "http_allow": "127.0.0.1",
         "files_root": None,
     }
     fields.update(overrides)
@@ -95,6 +97,17 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert "secret" not in repr(settings)
     assert settings.files_root == tmp_path and settings.smtp_from is None
     assert settings.http_max_response_bytes == 1024 * 1024
+    # Safe by default: no address of a refused range allowed, the environment not trusted,
+    # no login in clear, no file with several hard links.
+    assert settings.http_allow == () and settings.http_trust_env is False
+    assert settings.smtp_allow_plaintext_login is False
+    assert settings.files_allow_hard_links is False
+    monkeypatch.setenv("NOTIFYQ_HTTP_ALLOW", "hooks.internal,10.0.0.0/8")
+    monkeypatch.setenv("NOTIFYQ_HTTP_TRUST_ENV", "true")
+    monkeypatch.setenv("NOTIFYQ_FILES_ALLOW_HARD_LINKS", "true")
+    changed = ContribSettings.load()
+    assert changed.http_allow == ("hooks.internal", "10.0.0.0/8")
+    assert changed.http_trust_env and changed.files_allow_hard_links
 
 
 def test_settings_refuse_contradictions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -681,6 +694,9 @@ async def test_http_json_nested_too_deep_is_kept_as_text(web: str) -> None:
         ({"headers": {"X-Name": "Zoë"}}, r"headers: header 'X-Name': .*printable ASCII"),
         ({"headers": {"X-Sep": "a\u2028b"}}, r"headers: header 'X-Sep': .*printable ASCII"),
         ({"headers": {"X-Bell": "a\x07"}}, r"headers: header 'X-Bell': .*printable ASCII"),
+        ({"method": "POST", "body": "half \ud83d pair"}, r"body: cannot be sent: .*surrogates"),
+        ({"method": "POST", "json": {"a": "\udc00"}}, r"json: cannot be sent: .*surrogates"),
+        ({"method": "POST", "json": float("nan")}, r"json: cannot be sent: .*not JSON"),
     ],
 )
 async def test_http_a_request_that_cannot_be_encoded_fails_at_once(
@@ -1040,7 +1056,10 @@ async def test_contrib_jobs_through_a_worker(
 ) -> None:
     server = smtp_server(Mailbox(refuse={"ghost@example.com": "550 no such user"}))
     contrib = ContribSettings(
-        smtp_host="127.0.0.1", smtp_port=server.port, smtp_from="queue@example.com"
+        smtp_host="127.0.0.1",
+        smtp_port=server.port,
+        smtp_from="queue@example.com",
+        http_allow="127.0.0.1",
     )
     registry = worker_registry(Registry(contrib_tasks(contrib)))
     async with running_worker(settings, registry):
