@@ -40,6 +40,7 @@ import smtplib
 import ssl
 import stat
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -160,8 +161,8 @@ class ContribSettings(BaseSettings):
     http_max_response_bytes: int = Field(
         default=1024 * 1024,
         ge=0,
-        description="Bytes of the response body kept in an http_request's result; the rest is "
-        "not read and the result says 'truncated'.",
+        description="Bytes of the (decompressed) response body kept in an http_request's "
+        "result; the rest is not read and the result says 'truncated'.",
     )
     http_allow: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
@@ -495,6 +496,8 @@ _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The payload's headers that go along on a redirect to another origin (scheme, host, port);
 #: the others (API keys, tokens, cookies, signatures) were meant for the first origin only.
 CROSS_ORIGIN_HEADERS = frozenset({"accept", "accept-language", "user-agent", "content-type"})
+#: The content codings http_request asks for; it decodes them itself, with a bounded buffer.
+ACCEPT_ENCODING = "gzip, deflate"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -622,6 +625,7 @@ async def _http_request(
                 transport=PinnedTransport(policy, ssl_context=ssl_context),
                 timeout=timeout,
                 trust_env=False,
+                headers={"accept-encoding": ACCEPT_ENCODING},
             ) as client:
                 response, raw, truncated = await _follow(
                     client, first, settings.http_max_response_bytes
@@ -729,17 +733,52 @@ def _redacted(url: str) -> str:
     return str(shown) + ("?..." if parsed.query else "")
 
 
+class _Identity:
+    """The body as it came: no content coding, or one that was not asked for."""
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        return data[:max_length]
+
+
+class _Inflate:
+    """A gzip or deflate body, decompressed at most ``max_length`` bytes at a time."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self._gzip = coding != "deflate"
+        self._zlib = zlib.decompressobj(zlib.MAX_WBITS | 16 if self._gzip else zlib.MAX_WBITS)
+        self._first = True
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        first, self._first = self._first, False
+        try:
+            return self._zlib.decompress(data, max_length)
+        except zlib.error:
+            if self._gzip or not first:
+                raise
+        # "deflate" means zlib-wrapped, but some servers send the raw stream.
+        self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+        return self._zlib.decompress(data, max_length)
+
+
 async def _read_at_most(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
-    """The first ``limit`` bytes of the (decompressed) body, and whether there was more. Reads
-    no further, so a huge or endless body costs nothing."""
+    """The first ``limit`` bytes of the decoded body, and whether there was more. Reads the raw
+    bytes and decompresses them here, never more than one byte past ``limit`` (zlib keeps the
+    rest of its input unread), so a small body that inflates to gigabytes costs no more than
+    the limit; reads no further, so a huge or endless body costs nothing either."""
+    coding = response.headers.get("content-encoding", "").strip().lower()
+    decoder = _Inflate(coding) if coding in ("gzip", "x-gzip", "deflate") else _Identity()
     kept = bytearray()
-    async for chunk in response.aiter_bytes():
-        if not chunk:
-            continue
-        if len(kept) + len(chunk) > limit:
-            kept += chunk[: limit - len(kept)]
-            return bytes(kept), True
-        kept += chunk
+    async for chunk in response.aiter_raw():
+        try:
+            # The one byte past the limit is how we know that there was more.
+            kept += decoder.decompress(chunk, limit + 1 - len(kept))
+        except zlib.error as exc:
+            raise httpx.DecodingError(
+                f"the body is not valid {coding}: {exc}", request=response.request
+            ) from None
+        if len(kept) > limit:
+            return bytes(kept[:limit]), True
     return bytes(kept), False
 
 

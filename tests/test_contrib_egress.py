@@ -1,6 +1,6 @@
 """Where http_request may connect, against real peers on 127.0.0.1: the address check of every
 hop and NOTIFYQ_HTTP_ALLOW, the headers that go along a redirect to another origin, TLS on the
-host name, and the environment it ignores.
+host name, the environment it ignores, and decompression with a bounded buffer.
 
 A socket audit hook watches every test here: it records each connection and lookup, and aborts
 any connection to an address other than 127.0.0.1 or ::1 before it is made, so that a test can
@@ -10,13 +10,17 @@ tell that nothing was even attempted, and so that a broken check never reaches a
 from __future__ import annotations
 
 import contextlib
+import gzip
 import ipaddress
 import json
 import re
 import socket
 import ssl
+import struct
 import sys
 import threading
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +139,15 @@ async def peer_app(seen: list[dict[str, Any]], scope: Any, receive: Any, send: A
         await answer(send, int(query.get("status", "302")), b"", location=query["url"])
     elif path == "/secret":
         await answer(send, 200, b"internal secret")
+    elif path == "/coded":
+        text = b"hello, " * 2000
+        coded = {
+            "gzip": gzip.compress(text),
+            "deflate": zlib.compress(text),
+            "raw-deflate": zlib.compress(text, wbits=-15),
+        }[query["as"]]
+        coding = query["as"].removeprefix("raw-")
+        await answer(send, 200, coded, content_encoding=coding)
     else:
         await answer(send, 404, b"no such page")
 
@@ -473,3 +486,90 @@ async def test_a_redirect_within_the_origin_keeps_every_header(first: Peer) -> N
     http = http_task(http_allow="127.0.0.1")
     await run(http, {"url": redirect(first, "/echo"), "headers": {**SECRETS, **SAFE}})
     assert payload_headers(first.seen[1]) == {k.lower(): v for k, v in {**SECRETS, **SAFE}.items()}
+
+
+# -- decompression -----------------------------------------------------------------------------
+
+BOMB_CHUNK = b"A" * (1 << 20)
+
+
+def gzip_bomb(mebibytes: int) -> bytes:
+    """A valid gzip stream of ``mebibytes`` MiB of "A" in about one KiB per MiB: one deflate
+    block, flushed so that it depends on nothing before it, repeated."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = compressor.compress(BOMB_CHUNK) + compressor.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(mebibytes):
+        crc = zlib.crc32(BOMB_CHUNK, crc)
+    end = zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+    size = (mebibytes << 20) & 0xFFFFFFFF
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return header + block * mebibytes + end + struct.pack("<II", crc, size)
+
+
+def test_the_gzip_bomb_is_one_mebibyte_that_inflates_a_thousandfold() -> None:
+    small = gzip_bomb(3)
+    assert gzip.decompress(small) == BOMB_CHUNK * 3
+    assert len(gzip_bomb(1024)) < 1.1 * (1 << 20)
+
+
+@contextlib.contextmanager
+def raw_peer(response: bytes) -> Iterator[int]:
+    """A bare TCP server on 127.0.0.1 that answers every request with ``response`` (status
+    line, headers and body), sent from that one buffer: it allocates nothing while it serves,
+    so the memory a test measures is the client's."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # the listener was closed: the test is over
+            with conn, contextlib.suppress(OSError):  # the client may hang up mid-body
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    received = conn.recv(65536)
+                    if not received:
+                        break
+                    request += received
+                conn.sendall(response)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        listener.close()
+        thread.join(10)
+
+
+async def test_a_gzip_bomb_costs_no_more_than_the_response_limit(first: Peer) -> None:
+    # Decoded here with a bounded buffer, an honest compressed body still reads as it should.
+    for coding in ("gzip", "deflate", "raw-deflate"):
+        small = http_task(http_allow="127.0.0.1", http_max_response_bytes=1000)
+        result = await run(small, {"url": first.url(f"/coded?as={coding}")})
+        assert result["body"] == ("hello, " * 2000)[:1000] and result["truncated"] is True
+    assert first.seen[0]["headers"]["accept-encoding"] == "gzip, deflate"
+
+    bomb = gzip_bomb(1024)  # 1 MiB on the wire, 1 GiB inflated
+    head = (
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Encoding: gzip\r\n"
+        f"Content-Length: {len(bomb)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    limit = 1 << 20
+    http = http_task(http_allow="127.0.0.1", http_max_response_bytes=limit)
+    with raw_peer(head + bomb) as port:
+        tracemalloc.start()
+        try:
+            result = await run(http, {"url": f"http://127.0.0.1:{port}/"})
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result["truncated"] is True
+    assert result["body"] == "A" * limit
+    # The body kept, a copy or two of it, and small change; not the inflated gigabyte, nor
+    # even one inflated network read (64 KiB of this bomb are 64 MiB).
+    assert peak < 6 * limit, f"peak {peak / (1 << 20):.1f} MiB"
