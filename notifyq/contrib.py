@@ -13,7 +13,14 @@ Every handler validates its payload with a pydantic model (the ``*Payload`` clas
 payload fails the job at once with :class:`~notifyq.errors.PermanentFailure` naming the field.
 A failure that may pass (a server answering 4xx over SMTP or 5xx over HTTP, a timeout, a refused
 connection) raises :class:`TransientFailure` and the job is retried with backoff; one that will
-not (a refused recipient, an HTTP 404, a path outside the root) raises ``PermanentFailure``.
+not (a refused recipient, an HTTP 404, a path outside the root, a text that cannot be encoded)
+raises ``PermanentFailure``, and so does any ValueError, LookupError or TypeError that escapes a
+handler, since the same payload would raise it again at every attempt.
+
+Safe by default: ``http_request`` reaches only public addresses, on every hop, unless
+NOTIFYQ_HTTP_ALLOW lists more (:mod:`notifyq.egress`), and sends the payload's secrets to no
+other origin; ``send_email`` never logs in without TLS unless told; the file tasks refuse a
+file with several hard links.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import smtplib
 import ssl
 import stat
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -52,9 +60,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from notifyq import __version__
+from notifyq.egress import DestinationRefused, EgressPolicy, PinnedTransport, normal_allow_entry
 from notifyq.errors import ConfigurationError, InvalidJob, NotifyQError, PermanentFailure
 from notifyq.models import encode_json
 from notifyq.settings import describe_validation_error
@@ -137,6 +146,11 @@ class ContribSettings(BaseSettings):
         le=3600,
         description="Seconds one email may take in all: connect, TLS, login and sending.",
     )
+    smtp_allow_plaintext_login: bool = Field(
+        default=False,
+        description="Allow logging in (NOTIFYQ_SMTP_USERNAME) over a connection without TLS, "
+        "which sends the password in clear; without it such settings are refused.",
+    )
     http_timeout: float = Field(
         default=30.0,
         gt=0,
@@ -147,13 +161,30 @@ class ContribSettings(BaseSettings):
     http_max_response_bytes: int = Field(
         default=1024 * 1024,
         ge=0,
-        description="Bytes of the response body kept in an http_request's result; the rest is "
-        "not read and the result says 'truncated'.",
+        description="Bytes of the (decompressed) response body kept in an http_request's "
+        "result; the rest is not read and the result says 'truncated'.",
+    )
+    http_allow: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated host names, addresses and networks (CIDR) that "
+        "http_request may reach although they are loopback, private, link-local, "
+        "unique-local, CGNAT, multicast or reserved; none by default.",
+    )
+    http_trust_env: bool = Field(
+        default=False,
+        description="Let http_request take its trusted certificates from SSL_CERT_FILE and "
+        "SSL_CERT_DIR. Proxy variables are never used: a proxy would resolve the host itself, "
+        "out of reach of the address check.",
     )
     files_root: Path | None = Field(
         default=None,
         description="The only folder that file_digest and file_gzip may read and write; unset "
         "means the file tasks refuse to run.",
+    )
+    files_allow_hard_links: bool = Field(
+        default=False,
+        description="Let file_digest and file_gzip read a file that has more than one hard "
+        "link; refused by default, since the other link may be outside NOTIFYQ_FILES_ROOT.",
     )
 
     @field_validator(
@@ -168,6 +199,18 @@ class ContribSettings(BaseSettings):
     def _sender_is_an_address(cls, value: str | None) -> str | None:
         return None if value is None else _check_address(value)
 
+    @field_validator("http_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("http_allow")
+    @classmethod
+    def _allow_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(normal_allow_entry(entry) for entry in value))
+
     @model_validator(mode="after")
     def _consistent(self) -> ContribSettings:
         if self.smtp_ssl and self.smtp_starttls:
@@ -177,6 +220,14 @@ class ContribSettings(BaseSettings):
             )
         if (self.smtp_username is None) != (self.smtp_password is None):
             raise ValueError("set both NOTIFYQ_SMTP_USERNAME and NOTIFYQ_SMTP_PASSWORD, or neither")
+        plaintext = not (self.smtp_ssl or self.smtp_starttls)
+        if self.smtp_username is not None and plaintext and not self.smtp_allow_plaintext_login:
+            raise ValueError(
+                "NOTIFYQ_SMTP_USERNAME is set but the SMTP connection has no TLS, so the "
+                "password would travel in clear: set NOTIFYQ_SMTP_STARTTLS=true (port 587) or "
+                "NOTIFYQ_SMTP_SSL=true (port 465), or NOTIFYQ_SMTP_ALLOW_PLAINTEXT_LOGIN=true "
+                "to log in without TLS anyway"
+            )
         return self
 
     @classmethod
@@ -224,12 +275,40 @@ def _validate(model: type[P], payload: dict[str, Any], task: str) -> P:
         raise PermanentFailure(f"{task}: invalid payload: {'; '.join(problems)}") from None
 
 
+#: Exceptions that the same job would raise again on every attempt: a text that cannot be
+#: encoded, an unknown codec, a value of the wrong kind, data nested too deep.
+_NEVER_PASSES = (ValueError, LookupError, TypeError, RecursionError)
+
+
+@contextlib.contextmanager
+def _fails_for_good(task: str) -> Iterator[None]:
+    """Turns an exception that no retry can cure into a PermanentFailure naming it, so such a
+    job fails once instead of being retried with backoff until its attempts run out."""
+    try:
+        yield
+    except _NEVER_PASSES as exc:
+        # Not expected (each known case has its own message): keep the traceback in the log.
+        logger.warning("%s failed for good on an unexpected error", task, exc_info=True)
+        raise PermanentFailure(f"{task}: {type(exc).__name__}: {exc}") from exc
+
+
 # -- send_email --------------------------------------------------------------------------------
 
 
+#: What str.splitlines() breaks on, and the email package refuses in a header: CR and LF, but
+#: also VT, FF, the file/group/record separators, NEL, U+2028 and U+2029.
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _has_line_break(value: str) -> bool:
+    return "\x00" in value or not _LINE_BREAKS.isdisjoint(value)
+
+
 def _check_address(value: str) -> str:
-    if any(c in value for c in "\r\n\x00"):
-        raise ValueError("an address must not contain line breaks or NUL")
+    if _has_line_break(value):
+        raise ValueError(
+            "an address must not contain a line break (CR, LF, U+2028 and the like) or NUL"
+        )
     parsed = email.utils.getaddresses([value])
     if len(parsed) != 1:
         raise ValueError(f"{value!r} is not one email address")
@@ -245,8 +324,10 @@ def _one_or_many(value: Any) -> Any:
 
 
 def _single_line(value: str) -> str:
-    if any(c in value for c in "\r\n\x00"):
-        raise ValueError("must be a single line (no CR, LF or NUL)")
+    if _has_line_break(value):
+        raise ValueError(
+            "must be a single line (no CR, LF, U+2028 or other line break, and no NUL)"
+        )
     return value
 
 
@@ -281,12 +362,33 @@ def _email_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict
         """Sends an email over SMTP (see :class:`EmailPayload`); answers
         ``{"accepted": [...], "message_id": ...}``. A recipient the server refuses for good
         (5xx) fails the job without retries; a 4xx answer or a connection problem is retried."""
-        mail = _validate(EmailPayload, payload, "send_email")
-        sender = mail.sender or settings.smtp_from
-        if sender is None:
-            raise PermanentFailure(
-                "send_email: no sender: give 'from' in the payload or set NOTIFYQ_SMTP_FROM"
-            )
+        with _fails_for_good("send_email"):
+            mail = _validate(EmailPayload, payload, "send_email")
+            sender = mail.sender or settings.smtp_from
+            if sender is None:
+                raise PermanentFailure(
+                    "send_email: no sender: give 'from' in the payload or set NOTIFYQ_SMTP_FROM"
+                )
+            message, message_id = _compose(mail, sender)
+            recipients = list(dict.fromkeys(_bare(a) for a in [*mail.to, *mail.cc, *mail.bcc]))
+            refused = _deliver(settings, message, _bare(sender), recipients)
+        result: dict[str, Any] = {
+            "accepted": [r for r in recipients if r not in refused],
+            "message_id": message_id,
+        }
+        if refused:
+            # The others got the message, so a retry would send it to them twice: report it.
+            logger.warning("send_email %s: some recipients refused: %s", message_id, refused)
+            result["refused"] = {r: _smtp_reply(code, text) for r, (code, text) in refused.items()}
+        return result
+
+    return send_email
+
+
+def _compose(mail: EmailPayload, sender: str) -> tuple[EmailMessage, str]:
+    """The message and its Message-ID. Rendered once here, before any connection, so that a
+    text the email package cannot encode fails the job at once rather than at every attempt."""
+    try:
         message = EmailMessage()
         message["From"] = sender
         message["To"] = ", ".join(mail.to)
@@ -302,19 +404,10 @@ def _email_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict
         message.set_content(mail.text)
         if mail.html is not None:
             message.add_alternative(mail.html, subtype="html")
-        recipients = list(dict.fromkeys(_bare(a) for a in [*mail.to, *mail.cc, *mail.bcc]))
-        refused = _deliver(settings, message, _bare(sender), recipients)
-        result: dict[str, Any] = {
-            "accepted": [r for r in recipients if r not in refused],
-            "message_id": message_id,
-        }
-        if refused:
-            # The others got the message, so a retry would send it to them twice: report it.
-            logger.warning("send_email %s: some recipients refused: %s", message_id, refused)
-            result["refused"] = {r: _smtp_reply(code, text) for r, (code, text) in refused.items()}
-        return result
-
-    return send_email
+        message.as_bytes()
+    except (ValueError, LookupError) as exc:  # UnicodeEncodeError is a ValueError
+        raise PermanentFailure(f"send_email: the message cannot be written: {exc}") from None
+    return message, message_id
 
 
 def _smtp_reply(code: int, text: bytes | str) -> str:
@@ -396,7 +489,17 @@ def _deliver(
 # -- http_request ------------------------------------------------------------------------------
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: What a header value may hold: visible ASCII, space and tab (httpx sends headers as ASCII).
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _RETRIED_STATUSES = frozenset({408, 425, 429})
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: The payload's headers that go along on a redirect to another origin (scheme, host, port);
+#: the others (API keys, tokens, cookies, signatures) were meant for the first origin only.
+CROSS_ORIGIN_HEADERS = frozenset({"accept", "accept-language", "user-agent", "content-type"})
+#: The content codings http_request asks for; it decodes them itself, with a bounded buffer.
+ACCEPT_ENCODING = "gzip, deflate"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_url(value: str) -> str:
@@ -415,6 +518,12 @@ def _check_headers(value: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"{name!r} is not a valid header name")
         if any(c in text for c in "\r\n\x00"):
             raise ValueError(f"header {name!r}: a value must not contain CR, LF or NUL")
+        if not _HEADER_VALUE.fullmatch(text):
+            raise ValueError(
+                f"header {name!r}: a value may hold only printable ASCII, spaces and tabs "
+                "(no control character, nothing beyond U+007E); encode other text first, "
+                "for example as RFC 8187 or base64"
+            )
     return value
 
 
@@ -422,7 +531,7 @@ class HttpRequestPayload(BaseModel):
     """The payload of ``http_request``: ``url`` (http or https), ``method`` (default GET),
     ``headers``, and at most one body: ``json`` (any JSON value, sent as application/json) or
     ``body`` (text, sent as UTF-8). ``timeout`` may shorten NOTIFYQ_HTTP_TIMEOUT, never
-    lengthen it."""
+    lengthen it. Header values are printable ASCII."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -445,80 +554,176 @@ class HttpRequestPayload(BaseModel):
         return self
 
 
-def _http_handler(
-    settings: ContribSettings,
-) -> Callable[[dict[str, Any]], Any]:
-    async def refuse_other_schemes(request: httpx.Request) -> None:
-        # Called before every request, redirects included.
-        if request.url.scheme not in ("http", "https"):
-            raise PermanentFailure(
-                f"http_request: refusing to follow a redirect to a {request.url.scheme}: URL"
-            )
+class _Refused(Exception):
+    """A request chain that will not be followed; the handler reports it as a
+    PermanentFailure naming the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Hop:
+    """One request of a chain of redirects."""
+
+    method: str
+    url: httpx.URL
+    headers: httpx.Headers
+    content: bytes | None
+
+    def redirected(self, status: int, target: httpx.URL) -> _Hop:
+        """The request that follows a ``status`` redirect to ``target``: the method and body as
+        browsers (and httpx) change them, and of the headers only :data:`CROSS_ORIGIN_HEADERS`
+        when the origin changes. Once dropped, a header stays dropped, even on the way back."""
+        method, content, headers = self.method, self.content, httpx.Headers(self.headers)
+        if (status in (302, 303) and method != "HEAD") or (status == 301 and method == "POST"):
+            if method != "GET":
+                content = None
+                for name in ("content-type", "content-length", "transfer-encoding"):
+                    headers.pop(name, None)
+            method = "GET"
+        if _origin(target) != _origin(self.url):
+            kept = [(k, v) for k, v in headers.multi_items() if k.lower() in CROSS_ORIGIN_HEADERS]
+            headers = httpx.Headers(kept)
+        return _Hop(method, target, headers, content)
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int]:
+    return url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme]
+
+
+def _http_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], Any]:
+    policy = EgressPolicy.parse(settings.http_allow)
 
     async def http_request(payload: dict[str, Any]) -> dict[str, Any]:
         """Makes an HTTP request (see :class:`HttpRequestPayload`), following up to 5 redirects
-        to http(s) URLs. A 2xx answer gives ``{"status", "headers", "body", "json", "url",
-        "truncated"}``; 5xx, 408, 425, 429, timeouts and connection errors are retried; any
-        other answer fails the job without retries."""
-        request = _validate(HttpRequestPayload, payload, "http_request")
-        timeout = min(request.timeout or settings.http_timeout, settings.http_timeout)
-        what = f"{request.method} {_redacted(request.url)}"
-        headers = httpx.Headers(request.headers)
-        content: bytes | None = None
-        if "json_body" in request.model_fields_set:
-            # Encoded here: httpx takes json=None for "no body", where we mean JSON null.
-            content = json.dumps(request.json_body, ensure_ascii=False).encode()
-            headers.setdefault("content-type", "application/json")
-        elif request.body is not None:
-            content = request.body.encode()
-        headers.setdefault("user-agent", f"notifyq/{__version__}")
-        try:
-            with anyio.fail_after(timeout):
-                async with (
-                    httpx.AsyncClient(
-                        follow_redirects=True,
-                        max_redirects=MAX_REDIRECTS,
-                        timeout=timeout,
-                        event_hooks={"request": [refuse_other_schemes]},
-                    ) as client,
-                    client.stream(
-                        request.method, request.url, headers=headers, content=content
-                    ) as response,
-                ):
-                    ok = response.is_success
-                    limit = settings.http_max_response_bytes if ok else ERROR_EXCERPT
-                    raw, truncated = await _read_at_most(response, limit)
-        except TimeoutError:
-            raise TransientFailure(f"{what}: no complete answer within {timeout:g}s") from None
-        except httpx.TimeoutException as exc:
-            raise TransientFailure(f"{what}: timed out ({type(exc).__name__})") from None
-        except httpx.TooManyRedirects:
-            raise PermanentFailure(f"{what}: more than {MAX_REDIRECTS} redirects") from None
-        except httpx.UnsupportedProtocol as exc:
-            raise PermanentFailure(f"{what}: {exc}") from None
-        except httpx.RequestError as exc:
-            raise TransientFailure(f"{what}: {type(exc).__name__}: {exc}") from exc
-        text = _decode(raw, response.charset_encoding)
-        status = response.status_code
-        if not ok:
-            excerpt = text + ("..." if truncated else "")
-            message = f"{what}: HTTP {status} {response.reason_phrase}: {excerpt!r}"
-            retry_after = response.headers.get("retry-after")
-            if retry_after:
-                message += f" (Retry-After: {retry_after})"
-            if status >= 500 or status in _RETRIED_STATUSES:
-                raise TransientFailure(message)
-            raise PermanentFailure(message)
-        return {
-            "status": status,
-            "url": str(response.url),
-            "headers": dict(response.headers.items()),
-            "body": text,
-            "truncated": truncated,
-            "json": None if truncated else _parse_json(response, text),
-        }
+        to http(s) URLs. Every connection, the first and each redirect's, goes only to an
+        address that is public or allowed by NOTIFYQ_HTTP_ALLOW (see :mod:`notifyq.egress`);
+        any other fails the job without retries, naming the address. A 2xx answer gives
+        ``{"status", "headers", "body", "json", "url", "truncated"}``; 5xx, 408, 425, 429,
+        timeouts and connection errors are retried; any other answer fails the job without
+        retries."""
+        with _fails_for_good("http_request"):
+            return await _http_request(settings, policy, payload)
 
     return http_request
+
+
+async def _http_request(
+    settings: ContribSettings, policy: EgressPolicy, payload: dict[str, Any]
+) -> dict[str, Any]:
+    request = _validate(HttpRequestPayload, payload, "http_request")
+    timeout = min(request.timeout or settings.http_timeout, settings.http_timeout)
+    what = f"{request.method} {_redacted(request.url)}"
+    content, content_type = _request_body(request)
+    headers = httpx.Headers(request.headers)
+    if content_type is not None:
+        headers.setdefault("content-type", content_type)
+    headers.setdefault("user-agent", f"notifyq/{__version__}")
+    first = _Hop(request.method, httpx.URL(request.url), headers, content)
+    ssl_context = httpx.create_ssl_context(trust_env=settings.http_trust_env)
+    try:
+        with anyio.fail_after(timeout):
+            async with httpx.AsyncClient(
+                transport=PinnedTransport(policy, ssl_context=ssl_context),
+                timeout=timeout,
+                trust_env=False,
+                headers={"accept-encoding": ACCEPT_ENCODING},
+            ) as client:
+                response, raw, truncated = await _follow(
+                    client, first, settings.http_max_response_bytes
+                )
+    except _Refused as exc:
+        raise PermanentFailure(f"{what}: {exc}") from None
+    except TimeoutError:
+        raise TransientFailure(f"{what}: no complete answer within {timeout:g}s") from None
+    except httpx.TimeoutException as exc:
+        raise TransientFailure(f"{what}: timed out ({type(exc).__name__})") from None
+    except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+        # The request itself cannot be sent as given: no retry will change that.
+        raise PermanentFailure(f"{what}: {type(exc).__name__}: {exc}") from None
+    except httpx.RequestError as exc:
+        raise TransientFailure(f"{what}: {type(exc).__name__}: {exc}") from exc
+    return _result(response, raw, truncated, what)
+
+
+def _request_body(request: HttpRequestPayload) -> tuple[bytes | None, str | None]:
+    """The body to send and the content type it implies; a body that cannot be sent (an
+    unpaired surrogate is no UTF-8, NaN no JSON) fails the job at once, naming the field."""
+    field = "json"
+    try:
+        if "json_body" in request.model_fields_set:
+            # Encoded here: httpx takes json=None for "no body", where we mean JSON null.
+            text = json.dumps(request.json_body, ensure_ascii=False, allow_nan=False)
+            return text.encode(), "application/json"
+        field = "body"
+        return (None if request.body is None else request.body.encode()), None
+    except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise PermanentFailure(
+            f"http_request: invalid payload: {field}: cannot be sent: {exc}"
+        ) from None
+
+
+async def _follow(
+    client: httpx.AsyncClient, hop: _Hop, limit: int
+) -> tuple[httpx.Response, bytes, bool]:
+    """Sends ``hop`` and the redirects that follow it (each new connection is checked by the
+    transport), and answers the last response with the start of its body: at most ``limit``
+    bytes of a success, :data:`ERROR_EXCERPT` of anything else."""
+    for redirects in range(MAX_REDIRECTS + 1):
+        request = client.build_request(
+            hop.method, hop.url, headers=hop.headers, content=hop.content
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except DestinationRefused as exc:
+            where = "" if redirects == 0 else f"redirected to {_redacted(str(hop.url))}: "
+            raise _Refused(f"{where}{exc}") from None
+        try:
+            target = _redirect_target(response)
+            if target is None:
+                kept = limit if response.is_success else ERROR_EXCERPT
+                raw, truncated = await _read_at_most(response, kept)
+                return response, raw, truncated
+        finally:
+            await response.aclose()
+        hop = hop.redirected(response.status_code, target)
+    raise _Refused(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _redirect_target(response: httpx.Response) -> httpx.URL | None:
+    """Where ``response`` redirects to, or None when it is no redirect."""
+    location = response.headers.get("location")
+    if response.status_code not in _REDIRECT_STATUSES or location is None:
+        return None
+    try:
+        target = response.url.join(location)
+    except httpx.InvalidURL as exc:
+        raise _Refused(f"the redirect's Location {location[:200]!r} is no URL: {exc}") from None
+    if target.scheme not in ("http", "https"):
+        raise _Refused(f"refusing to follow a redirect to a {target.scheme}: URL")
+    if not target.host:
+        raise _Refused(f"the redirect's Location {location[:200]!r} names no host")
+    return target
+
+
+def _result(response: httpx.Response, raw: bytes, truncated: bool, what: str) -> dict[str, Any]:
+    text = _decode(raw, response.charset_encoding)
+    status = response.status_code
+    if not response.is_success:
+        excerpt = text + ("..." if truncated else "")
+        message = f"{what}: HTTP {status} {response.reason_phrase}: {excerpt!r}"
+        retry_after = response.headers.get("retry-after")
+        if retry_after:
+            message += f" (Retry-After: {retry_after})"
+        if status >= 500 or status in _RETRIED_STATUSES:
+            raise TransientFailure(message)
+        raise PermanentFailure(message)
+    return {
+        "status": status,
+        "url": str(response.url),
+        "headers": dict(response.headers.items()),
+        "body": text,
+        "truncated": truncated,
+        "json": None if truncated else _parse_json(response, text),
+    }
 
 
 def _redacted(url: str) -> str:
@@ -528,27 +733,66 @@ def _redacted(url: str) -> str:
     return str(shown) + ("?..." if parsed.query else "")
 
 
+class _Identity:
+    """The body as it came: no content coding, or one that was not asked for."""
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        return data[:max_length]
+
+
+class _Inflate:
+    """A gzip or deflate body, decompressed at most ``max_length`` bytes at a time."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self._gzip = coding != "deflate"
+        self._zlib = zlib.decompressobj(zlib.MAX_WBITS | 16 if self._gzip else zlib.MAX_WBITS)
+        self._first = True
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        first, self._first = self._first, False
+        try:
+            return self._zlib.decompress(data, max_length)
+        except zlib.error:
+            if self._gzip or not first:
+                raise
+        # "deflate" means zlib-wrapped, but some servers send the raw stream.
+        self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+        return self._zlib.decompress(data, max_length)
+
+
 async def _read_at_most(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
-    """The first ``limit`` bytes of the (decompressed) body, and whether there was more. Reads
-    no further, so a huge or endless body costs nothing."""
+    """The first ``limit`` bytes of the decoded body, and whether there was more. Reads the raw
+    bytes and decompresses them here, never more than one byte past ``limit`` (zlib keeps the
+    rest of its input unread), so a small body that inflates to gigabytes costs no more than
+    the limit; reads no further, so a huge or endless body costs nothing either."""
+    coding = response.headers.get("content-encoding", "").strip().lower()
+    decoder = _Inflate(coding) if coding in ("gzip", "x-gzip", "deflate") else _Identity()
     kept = bytearray()
-    async for chunk in response.aiter_bytes():
-        if not chunk:
-            continue
-        if len(kept) + len(chunk) > limit:
-            kept += chunk[: limit - len(kept)]
-            return bytes(kept), True
-        kept += chunk
+    async for chunk in response.aiter_raw():
+        try:
+            # The one byte past the limit is how we know that there was more.
+            kept += decoder.decompress(chunk, limit + 1 - len(kept))
+        except zlib.error as exc:
+            raise httpx.DecodingError(
+                f"the body is not valid {coding}: {exc}", request=response.request
+            ) from None
+        if len(kept) > limit:
+            return bytes(kept[:limit]), True
     return bytes(kept), False
 
 
 def _decode(raw: bytes, charset: str | None) -> str:
     try:
-        codec = codecs.lookup(charset or "utf-8").name
-    except LookupError:
-        codec = "utf-8"
-    # PostgreSQL's jsonb cannot hold NUL, and the result is stored there.
-    return raw.decode(codec, "replace").replace("\x00", "\ufffd")
+        text = raw.decode(codecs.lookup(charset or "utf-8").name, "replace")
+    except (LookupError, ValueError):
+        # An unknown charset, a codec that is no text encoding (hex, rot13) or one that cannot
+        # replace (idna): read the body as UTF-8, as for no charset at all. Failing here would
+        # be no better, since the request was made and answered.
+        text = raw.decode("utf-8", "replace")
+    # PostgreSQL's jsonb cannot hold NUL or an unpaired surrogate (which an escape codec can
+    # make), and the result is stored there.
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", "\ufffd"))
 
 
 def _parse_json(response: httpx.Response, text: str) -> Any:
@@ -558,7 +802,7 @@ def _parse_json(response: httpx.Response, text: str) -> Any:
     try:
         value = json.loads(text)
         encode_json(value, what="the response")
-    except (ValueError, InvalidJob):
+    except (ValueError, RecursionError, InvalidJob):
         return None
     return value
 
@@ -686,24 +930,44 @@ def _path_error(exc: OSError, given: str, task: str) -> Exception:
     return exc
 
 
-def _open_regular(place: _Place, folder: int, task: str) -> tuple[int, os.stat_result]:
-    """Opens the regular file ``place`` for reading, or fails without opening anything else."""
+def _open_regular(
+    place: _Place, folder: int, task: str, settings: ContribSettings
+) -> tuple[int, os.stat_result]:
+    """Opens the regular file ``place`` for reading, or fails without opening anything else.
+    A file with more than one hard link is refused unless NOTIFYQ_FILES_ALLOW_HARD_LINKS: a
+    link made inside the root to a file outside it is the same file, and no path check can
+    tell (the other name may be anywhere on the file system)."""
     name = place.parts[-1]
     try:
         # Looked at first, so a FIFO or a device is never opened (opening one may block or act).
-        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
-        if stat.S_ISLNK(mode):  # only a link that realpath could not resolve: a loop
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):  # only a link that realpath could not resolve: a loop
             raise PermanentFailure(f"{task}: {place.given!r} is a symlink that loops")
-        if not stat.S_ISREG(mode):
-            raise PermanentFailure(f"{task}: {place.given!r} is not a regular file")
+        _check_regular(info, place, task, settings)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError as exc:
         raise _path_error(exc, place.given, task) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    try:
+        # Again on what was opened: the name may have changed hands since it was looked at.
+        info = os.fstat(fd)
+        _check_regular(info, place, task, settings)
+    except BaseException:
         os.close(fd)
-        raise PermanentFailure(f"{task}: {place.given!r} is not a regular file")
+        raise
     return fd, info
+
+
+def _check_regular(
+    info: os.stat_result, place: _Place, task: str, settings: ContribSettings
+) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise PermanentFailure(f"{task}: {place.given!r} is not a regular file")
+    if info.st_nlink > 1 and not settings.files_allow_hard_links:
+        raise PermanentFailure(
+            f"{task}: {place.given!r} has {info.st_nlink} hard links, and another link may be "
+            "outside NOTIFYQ_FILES_ROOT; refusing to read it (set "
+            "NOTIFYQ_FILES_ALLOW_HARD_LINKS=true to allow files with several links)"
+        )
 
 
 def _digest_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -711,12 +975,13 @@ def _digest_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dic
         """Reads a file under NOTIFYQ_FILES_ROOT in chunks and answers ``{"path", "size",
         "sha256", "lines"}``. ``lines`` counts line breaks, plus one for a last line without
         one (so ``"a\\nb"`` has 2 lines, where ``wc -l`` says 1)."""
-        request = _validate(FileDigestPayload, payload, "file_digest")
-        place = _confine(_root(settings, "file_digest"), request.path, "file_digest")
-        with _folder(place, "file_digest") as folder:
-            fd, _ = _open_regular(place, folder, "file_digest")
-            with os.fdopen(fd, "rb") as source:
-                size, sha256, lines = _scan(source, None)
+        with _fails_for_good("file_digest"):
+            request = _validate(FileDigestPayload, payload, "file_digest")
+            place = _confine(_root(settings, "file_digest"), request.path, "file_digest")
+            with _folder(place, "file_digest") as folder:
+                fd, _ = _open_regular(place, folder, "file_digest", settings)
+                with os.fdopen(fd, "rb") as source:
+                    size, sha256, lines = _scan(source, None)
         return {"path": request.path, "size": size, "sha256": sha256, "lines": lines}
 
     return file_digest
@@ -746,18 +1011,19 @@ def _gzip_handler(settings: ContribSettings) -> Callable[[dict[str, Any]], dict[
         also under the root), written to a temporary file in the same folder and then renamed
         into place, so ``dest`` is never seen half-written. Answers ``{"path", "dest", "size",
         "gzip_size", "sha256"}``, the size and SHA-256 being the original's."""
-        request = _validate(FileGzipPayload, payload, "file_gzip")
-        root = _root(settings, "file_gzip")
-        source = _confine(root, request.path, "file_gzip")
-        dest_given = request.dest or request.path + ".gz"
-        dest = _confine(root, dest_given, "file_gzip", parent_only=True)
-        with _folder(source, "file_gzip") as source_folder:
-            fd, info = _open_regular(source, source_folder, "file_gzip")
-            with os.fdopen(fd, "rb") as reader, _folder(dest, "file_gzip") as dest_folder:
-                _check_dest(dest, dest_folder, info, request.overwrite)
-                size, sha256, gzip_size = _write_gzip(
-                    reader, dest, dest_folder, info, request.overwrite
-                )
+        with _fails_for_good("file_gzip"):
+            request = _validate(FileGzipPayload, payload, "file_gzip")
+            root = _root(settings, "file_gzip")
+            source = _confine(root, request.path, "file_gzip")
+            dest_given = request.dest or request.path + ".gz"
+            dest = _confine(root, dest_given, "file_gzip", parent_only=True)
+            with _folder(source, "file_gzip") as source_folder:
+                fd, info = _open_regular(source, source_folder, "file_gzip", settings)
+                with os.fdopen(fd, "rb") as reader, _folder(dest, "file_gzip") as dest_folder:
+                    _check_dest(dest, dest_folder, info, request.overwrite)
+                    size, sha256, gzip_size = _write_gzip(
+                        reader, dest, dest_folder, info, request.overwrite
+                    )
         return {
             "path": request.path,
             "dest": dest_given,

@@ -53,6 +53,8 @@ def tasks(**overrides: Any) -> dict[str, Task]:
         "smtp_from": "Queue <queue@example.com>",
         "smtp_timeout": 10.0,
         "http_timeout": 10.0,
+        # The test peers listen on loopback, which http_request refuses unless allowed.
+        "http_allow": "127.0.0.1",
         "files_root": None,
     }
     fields.update(overrides)
@@ -95,6 +97,17 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert "secret" not in repr(settings)
     assert settings.files_root == tmp_path and settings.smtp_from is None
     assert settings.http_max_response_bytes == 1024 * 1024
+    # Safe by default: no address of a refused range allowed, the environment not trusted,
+    # no login in clear, no file with several hard links.
+    assert settings.http_allow == () and settings.http_trust_env is False
+    assert settings.smtp_allow_plaintext_login is False
+    assert settings.files_allow_hard_links is False
+    monkeypatch.setenv("NOTIFYQ_HTTP_ALLOW", "hooks.internal,10.0.0.0/8")
+    monkeypatch.setenv("NOTIFYQ_HTTP_TRUST_ENV", "true")
+    monkeypatch.setenv("NOTIFYQ_FILES_ALLOW_HARD_LINKS", "true")
+    changed = ContribSettings.load()
+    assert changed.http_allow == ("hooks.internal", "10.0.0.0/8")
+    assert changed.http_trust_env and changed.files_allow_hard_links
 
 
 def test_settings_refuse_contradictions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -390,6 +403,77 @@ async def test_implicit_tls(
     assert len(mailbox.received) == 1
 
 
+def recording_authenticator(logins: list[tuple[bytes, bytes]]) -> Any:
+    def check(server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> Any:
+        assert isinstance(auth_data, aiosmtpd.smtp.LoginPassword)
+        logins.append((auth_data.login, auth_data.password))
+        return aiosmtpd.smtp.AuthResult(success=True)
+
+    return check
+
+
+async def test_login_without_tls_is_refused_unless_allowed(
+    smtp_server: Callable[..., SMTPServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server that would take the password in clear: the settings never let it get there.
+    logins: list[tuple[bytes, bytes]] = []
+    mailbox = Mailbox()
+    server = smtp_server(
+        mailbox, authenticator=recording_authenticator(logins), auth_require_tls=False
+    )
+    login = {"smtp_port": server.port, "smtp_username": "mailer", "smtp_password": "s3cret"}
+    with pytest.raises(ConfigurationError) as caught:
+        ContribSettings.load(**login)
+    for advice in ("NOTIFYQ_SMTP_STARTTLS", "NOTIFYQ_SMTP_SSL", "NOTIFYQ_SMTP_ALLOW_PLAINTEXT"):
+        assert advice in str(caught.value)
+    monkeypatch.setenv("NOTIFYQ_SMTP_USERNAME", "mailer")
+    monkeypatch.setenv("NOTIFYQ_SMTP_PASSWORD", "s3cret")
+    with pytest.raises(ConfigurationError, match="would travel in clear"):
+        ContribSettings.load()
+    assert logins == []
+    # Asked for explicitly, it logs in as before.
+    send = tasks(**login, smtp_allow_plaintext_login=True)["send_email"]
+    await run(send, {"to": "ada@example.com", "subject": "s", "text": "t"})
+    assert logins == [(b"mailer", b"s3cret")] and len(mailbox.received) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"subject": "Report\u2028Bcc: eve@example.com"}, "subject"),
+        ({"subject": "a\u2029b"}, "subject"),
+        ({"subject": "a\x85b"}, "subject"),
+        ({"subject": "a\x0bb"}, "subject"),
+        ({"to": "Ada\u2028 <ada@example.com>"}, "to.0"),
+        ({"from": "Queue\x1c <queue@example.com>"}, "from"),
+    ],
+)
+async def test_a_line_separator_in_a_header_fails_at_once(
+    smtp_server: Callable[..., SMTPServer], change: dict[str, str], field: str
+) -> None:
+    # The email package refuses them (ValueError) as it refuses CR and LF: every attempt would
+    # fail the same way, so the first one fails the job, naming the field.
+    mailbox = Mailbox()
+    server = smtp_server(mailbox)
+    mail = {"to": "ada@example.com", "subject": "s", "text": "t", **change}
+    with pytest.raises(PermanentFailure, match=rf"invalid payload: {field}: .*line break"):
+        await run(tasks(smtp_port=server.port)["send_email"], mail)
+    assert mailbox.received == []
+
+
+async def test_a_text_that_cannot_be_encoded_fails_at_once(
+    smtp_server: Callable[..., SMTPServer],
+) -> None:
+    mailbox = Mailbox()
+    server = smtp_server(mailbox)
+    send = tasks(smtp_port=server.port)["send_email"]
+    for part in ("text", "html"):
+        mail = {"to": "ada@example.com", "subject": "s", "text": "t", part: "half \ud83d pair"}
+        with pytest.raises(PermanentFailure, match=r"cannot be written: .*surrogates"):
+            await run(send, mail)
+    assert mailbox.received == []
+
+
 # -- http_request ------------------------------------------------------------------------------
 
 
@@ -444,6 +528,10 @@ async def web_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await answer(send, 200, b"y" * int(query["n"]), "application/json")
     elif path == "/nul":
         await answer(send, 200, b"a\x00b", "application/octet-stream")
+    elif path == "/charset":
+        await answer(send, 200, b"caf\xc3\xa9 \\ud800", f"text/plain; charset={query['cs']}")
+    elif path == "/deep":
+        await answer(send, 200, b"[" * 100_000 + b"]" * 100_000, "application/json")
     elif path == "/hang":
         # Answers nothing until the client gives up and disconnects.
         while (await receive())["type"] != "http.disconnect":
@@ -574,6 +662,48 @@ async def test_http_body_is_truncated_to_the_setting(web: str) -> None:
 async def test_http_result_is_always_storable(web: str) -> None:
     result = await run(tasks()["http_request"], {"url": f"{web}/nul"})
     assert result["body"] == "a\ufffdb"
+
+
+@pytest.mark.parametrize(
+    ("charset", "body"),
+    [
+        # Codecs that are no text encoding, or cannot replace: read as UTF-8, like unknown ones.
+        ("hex", "café \\ud800"),
+        ("rot13", "café \\ud800"),
+        ("idna", "café \\ud800"),
+        # A codec that turns the text \ud800 into an unpaired surrogate, which jsonb refuses.
+        ("unicode_escape", "cafÃ© \ufffd"),
+    ],
+)
+async def test_http_a_charset_that_cannot_decode_does_not_fail_the_job(
+    web: str, charset: str, body: str
+) -> None:
+    # The request was made and answered: neither a retry nor a failure would be better.
+    result = await run(tasks()["http_request"], {"url": f"{web}/charset?cs={charset}"})
+    assert result["body"] == body
+
+
+async def test_http_json_nested_too_deep_is_kept_as_text(web: str) -> None:
+    result = await run(tasks()["http_request"], {"url": f"{web}/deep"})
+    assert result["json"] is None and result["body"].startswith("[[[")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"headers": {"X-Name": "Zoë"}}, r"headers: header 'X-Name': .*printable ASCII"),
+        ({"headers": {"X-Sep": "a\u2028b"}}, r"headers: header 'X-Sep': .*printable ASCII"),
+        ({"headers": {"X-Bell": "a\x07"}}, r"headers: header 'X-Bell': .*printable ASCII"),
+        ({"method": "POST", "body": "half \ud83d pair"}, r"body: cannot be sent: .*surrogates"),
+        ({"method": "POST", "json": {"a": "\udc00"}}, r"json: cannot be sent: .*surrogates"),
+        ({"method": "POST", "json": float("nan")}, r"json: cannot be sent: .*not JSON"),
+    ],
+)
+async def test_http_a_request_that_cannot_be_encoded_fails_at_once(
+    web: str, change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PermanentFailure, match=rf"invalid payload: {message}"):
+        await run(tasks()["http_request"], {"url": f"{web}/echo", **change})
 
 
 @pytest.mark.parametrize(
@@ -889,6 +1019,22 @@ async def test_file_tasks_refuse_to_run_without_a_root(tmp_path: Path) -> None:
     assert not (tmp_path / "a.txt.gz").exists()
 
 
+@pytest.mark.parametrize("name", ["file_digest", "file_gzip"])
+async def test_a_hard_link_to_an_outside_file_is_refused_unless_allowed(
+    tree: Tree, name: str
+) -> None:
+    # No path check can see it: the link is a plain file inside the root, the same file as
+    # the secret outside.
+    os.link(tree.outside / "secret.txt", tree.root / "sub" / "hard.txt")
+    with pytest.raises(PermanentFailure, match=r"'sub/hard.txt' has 2 hard links") as caught:
+        await run(file_tasks(tree)[name], {"path": "sub/hard.txt"})
+    assert "NOTIFYQ_FILES_ALLOW_HARD_LINKS=true" in str(caught.value)
+    assert not (tree.root / "sub" / "hard.txt.gz").exists()
+    allowed = tasks(files_root=tree.root, files_allow_hard_links=True)[name]
+    result = await run(allowed, {"path": "sub/hard.txt"})
+    assert result["sha256"] == hashlib.sha256(b"top secret\n").hexdigest()
+
+
 # -- through a real worker ---------------------------------------------------------------------
 
 
@@ -910,7 +1056,10 @@ async def test_contrib_jobs_through_a_worker(
 ) -> None:
     server = smtp_server(Mailbox(refuse={"ghost@example.com": "550 no such user"}))
     contrib = ContribSettings(
-        smtp_host="127.0.0.1", smtp_port=server.port, smtp_from="queue@example.com"
+        smtp_host="127.0.0.1",
+        smtp_port=server.port,
+        smtp_from="queue@example.com",
+        http_allow="127.0.0.1",
     )
     registry = worker_registry(Registry(contrib_tasks(contrib)))
     async with running_worker(settings, registry):
@@ -927,3 +1076,33 @@ async def test_contrib_jobs_through_a_worker(
     assert refused["attempt_count"] == 1
     assert refused["max_attempts"] == 5
     assert "ghost@example.com: 550 no such user" in refused["last_error"]
+
+
+async def test_jobs_that_can_never_work_fail_after_one_attempt(
+    settings: Settings,
+    conn: psycopg.AsyncConnection[Any],
+    web: str,
+    smtp_server: Callable[..., SMTPServer],
+) -> None:
+    # Each of these raised a plain ValueError or UnicodeEncodeError, which the worker retried
+    # with backoff until the attempts ran out.
+    server = smtp_server(Mailbox())
+    contrib = ContribSettings(
+        smtp_host="127.0.0.1", smtp_port=server.port, smtp_from="queue@example.com"
+    )
+    registry = worker_registry(Registry(contrib_tasks(contrib)))
+    jobs = {
+        "a U+2028 subject": (
+            "send_email",
+            {"to": "a@example.com", "subject": "a\u2028b", "text": "t"},
+        ),
+        "a non-ASCII header": ("http_request", {"url": f"{web}/json", "headers": {"X-A": "é"}}),
+    }
+    async with running_worker(settings, registry):
+        ids = {what: await insert(conn, task, payload) for what, (task, payload) in jobs.items()}
+        rows = {
+            what: await wait_for_status(conn, i, "completed", "failed") for what, i in ids.items()
+        }
+    for what, row in rows.items():
+        assert (row["status"], row["attempt_count"]) == ("failed", 1), what
+        assert "invalid payload" in row["last_error"], what
