@@ -297,3 +297,42 @@ def test_queue_switches(db_url: str) -> None:
     resumed = notifyq("queue", "mail", "--resume", "--rate-limit", "0", "--notify", "on", env=env)
     assert "active" in resumed.stdout and "/s" not in resumed.stdout
     assert "queue" in one_line_error(notifyq("queue", "", "--pause", env=env))
+
+
+# -- secrets in messages ---------------------------------------------------------------------
+
+
+REDACTED = [
+    ("postgresql://u:p@ss:w@rd@db.example:5432/x", "postgresql://u:***@db.example:5432/x"),
+    ("postgresql://u:p%40ss%3Aw@db.example/x", "postgresql://u:***@db.example/x"),
+    (
+        "postgres://u:pw@h1:5432,h2:5433/x?sslmode=require",
+        "postgres://u:***@h1:5432,h2:5433/x?sslmode=require",
+    ),
+    (
+        "postgresql://db.example/x?user=u&password=pw&sslmode=require",
+        "postgresql://db.example/x?user=u&password=***&sslmode=require",
+    ),
+    ("host=db.example password=pw dbname=x", "host=db.example password=*** dbname=x"),
+    ("host=db.example password = pw", "host=db.example password = ***"),
+    ("host=db.example password='a b' dbname=x", "host=db.example password=*** dbname=x"),
+    ("password='it\\'s a \\\\ b' host=db.example", "password=*** host=db.example"),
+    ("host=db.example PASSWORD=pw", "host=db.example PASSWORD=***"),
+    # Nothing to hide:
+    ("postgresql://u@db.example/x", "postgresql://u@db.example/x"),
+    ("host=db.example user=u dbname=x", "host=db.example user=u dbname=x"),
+    ("postgresql:///x", "postgresql:///x"),
+]
+
+
+def test_redact_hides_every_form_of_password() -> None:
+    from notifyq.db import redact
+
+    assert [redact(dsn) for dsn, _ in REDACTED] == [shown for _, shown in REDACTED]
+
+
+def test_an_unreachable_keyword_dsn_does_not_show_its_password() -> None:
+    dsn = f"host=127.0.0.1 port={free_port()} user=postgres password=hunter2 dbname=x"
+    for command in ("migrate", "worker"):
+        line = one_line_error(notifyq(command, "--database-url", dsn, env=notifyq_env("")))
+        assert "cannot connect" in line and "hunter2" not in line, line
