@@ -357,6 +357,7 @@ def create_app(
     in-process worker serves (default: built-ins and every ``@task``)."""
     settings = settings if settings is not None else Settings.load()
     metrics = Metrics()
+    scraping = anyio.Lock()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -385,6 +386,7 @@ def create_app(
         responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
     )
     app.state.settings = settings
+    app.state.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(
@@ -628,11 +630,18 @@ def create_app(
         summary="Prometheus metrics (text format)",
     )
     async def prometheus(request: Request) -> Response:
-        if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
-            with contextlib.suppress(DatabaseUnavailable, psycopg.Error, TimeoutError):
-                with anyio.fail_after(HEALTH_TIMEOUT):
-                    metrics.set_depth(await _store(request).queue_stats())
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # One scrape at a time: concurrent ones would each render in a thread of their own.
+        async with scraping:
+            if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
+                store = _store(request)
+                with contextlib.suppress(DatabaseUnavailable, psycopg.Error, TimeoutError):
+                    with anyio.fail_after(HEALTH_TIMEOUT):
+                        metrics.know_tasks(row["name"] for row in await store.list_tasks())
+                        metrics.set_depth(await store.queue_stats())
+            # Rendering takes CPU in proportion to the series; off the loop, other requests
+            # (and the in-process worker) go on meanwhile.
+            text = await anyio.to_thread.run_sync(metrics.render)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.post(
         "/jobs/retry",
