@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -285,10 +286,40 @@ class ReadyOut(BaseModel):
     listener: str
 
 
+#: What a list page leaves out unless ?include= names it: a job's data, which may be large.
+LIST_DATA_FIELDS = ("payload", "result", "errors")
+
+
+class JobListed(JobOut):
+    """A job in a list page: as ``GET /jobs/{id}`` shows it, but ``payload``, ``result`` and
+    ``errors`` only when ``?include=`` names them (one job's data may be megabytes, and a page
+    holds up to 500 jobs). ``error``, the latest attempt's, is always there."""
+
+    # Widened from JobOut's on purpose: these are absent unless included (documentation only;
+    # the route builds its answer with json_of).
+    payload: dict[str, Any] | None = Field(  # type: ignore[assignment]
+        default=None, description="With ?include=payload."
+    )
+    result: Any = Field(default=None, description="With ?include=result.")
+    errors: list[dict[str, Any]] | None = Field(  # type: ignore[assignment]
+        default=None, description="With ?include=errors."
+    )
+
+    @staticmethod
+    def json_of(job: Job, omitted: frozenset[str]) -> str:
+        """The JSON of ``job`` without the ``omitted`` fields, which are never read."""
+        if omitted:
+            job = dataclasses.replace(job, **{name: _EMPTY[name] for name in omitted})
+        return JobOut.of(job).model_dump_json(exclude=set(omitted))
+
+
+_EMPTY: dict[str, Any] = {"payload": {}, "result": None, "errors": []}
+
+
 class JobPage(BaseModel):
     """One page of jobs, newest first."""
 
-    jobs: list[JobOut]
+    jobs: list[JobListed]
     next_cursor: str | None = Field(
         description="Pass as ?cursor= for the next page; null on the last page."
     )
@@ -456,15 +487,23 @@ def create_app(
         task: str | None = Query(None, max_length=MAX_NAME_LENGTH, description="Only this task."),
         limit: int = Query(50, ge=1, le=500, description="Jobs per page."),
         cursor: str | None = Query(None, description="next_cursor of the page before."),
-    ) -> JobPage:
+        include: str | None = Query(
+            None,
+            max_length=100,
+            description="Comma-separated, any of payload, result, errors: the data fields "
+            "each job of the page carries (none by default; GET /jobs/{id} has them all).",
+        ),
+    ) -> Response:
+        omitted = frozenset(LIST_DATA_FIELDS) - _included(include)
         after = _decode_cursor(cursor) if cursor else None
         jobs = await _store(request).list_jobs(
             status=status_, queue=queue, task=task, limit=limit + 1, after=after
         )
         page, more = jobs[:limit], len(jobs) > limit
-        return JobPage(
-            jobs=[JobOut.of(job) for job in page],
-            next_cursor=_encode_cursor(page[-1]) if more else None,
+        cursor_json = f'"{_encode_cursor(page[-1])}"' if more else "null"  # base64: no escapes
+        listed = ",".join(JobListed.json_of(job, omitted) for job in page)
+        return Response(
+            f'{{"jobs":[{listed}],"next_cursor":{cursor_json}}}', media_type="application/json"
         )
 
     @app.post(
@@ -832,6 +871,24 @@ async def _database(settings: Settings) -> AsyncIterator[Settings]:
         yield settings.model_copy(update={"database_url": url})
     finally:
         await anyio.to_thread.run_sync(server.release)
+
+
+def _included(include: str | None) -> frozenset[str]:
+    """The data fields ``?include=`` names; a 422 for a name that is not one."""
+    names = frozenset(part.strip() for part in (include or "").split(",") if part.strip())
+    unknown = sorted(names - set(LIST_DATA_FIELDS))
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", "include"),
+                    "msg": f"unknown field(s) {', '.join(unknown)}: "
+                    f"include takes {', '.join(LIST_DATA_FIELDS)}",
+                    "type": "value_error",
+                }
+            ]
+        )
+    return names
 
 
 def _encode_cursor(job: Job) -> str:
