@@ -12,7 +12,6 @@ import base64
 import contextlib
 import dataclasses
 import logging
-import secrets
 import time
 from collections import Counter
 from collections.abc import (
@@ -43,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from notifyq import __version__
+from notifyq import __version__, guards
 from notifyq.db import first_line, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob
 from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -368,11 +367,12 @@ class ErrorOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    """Liveness and whether the database answers."""
+    """Liveness and whether the database answers. With a token set, a request without it gets
+    only ``status``: the rest (worker id, driver errors) is for operators."""
 
     status: str = Field(description="healthy or unhealthy")
-    database: str
-    version: str
+    database: str | None = None
+    version: str | None = None
     worker: dict[str, Any] | None = None
 
 
@@ -426,10 +426,9 @@ def create_app(
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    if settings.api_token is not None:
-        # Added last, so it runs first: an unauthenticated request is refused before its
-        # body is read.
-        app.add_middleware(TokenGuard, token=settings.api_token.get_secret_value())
+    # Added last, so it runs first: a request without the token (or, without a token set,
+    # with a foreign Host or from another site) is refused before its body is read.
+    guards.install(app, settings, OPEN_PATHS)
     _install_error_handlers(app)
     _document_bodies(app, (JobIn, BatchIn))
 
@@ -721,24 +720,32 @@ def create_app(
         summary="Liveness and database reachability",
     )
     async def health(request: Request) -> JSONResponse:
-        worker: Worker | None = getattr(request.app.state, "worker", None)
-        body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
-        if worker is not None:
-            listener = worker.listener
-            body["worker"] = {
-                "id": worker.id,
-                "running_jobs": worker.running_jobs,
-                "listener_connected": bool(listener and listener.connected),
-            }
-        try:
-            with anyio.fail_after(HEALTH_TIMEOUT):
-                await _store(request).ping()
-        except (DatabaseUnavailable, TimeoutError) as exc:
-            body.update(status="unhealthy", database=str(exc) or "timed out")
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(body)
+        body = await _health(request)
+        code = 200 if body["status"] == "healthy" else 503
+        if settings.api_token is not None and not guards.authenticated(request.scope):
+            body = {"status": body["status"]}
+        return JSONResponse(body, status_code=code)
 
     return app
+
+
+async def _health(request: Request) -> dict[str, Any]:
+    """The body of GET /health with every detail."""
+    worker: Worker | None = getattr(request.app.state, "worker", None)
+    body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
+    if worker is not None:
+        listener = worker.listener
+        body["worker"] = {
+            "id": worker.id,
+            "running_jobs": worker.running_jobs,
+            "listener_connected": bool(listener and listener.connected),
+        }
+    try:
+        with anyio.fail_after(HEALTH_TIMEOUT):
+            await _store(request).ping()
+    except (DatabaseUnavailable, TimeoutError) as exc:
+        body.update(status="unhealthy", database=str(exc) or "timed out")
+    return body
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -959,39 +966,6 @@ async def _documented_bearer(
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
 ) -> None:
     return None
-
-
-class TokenGuard:
-    """With NOTIFYQ_API_TOKEN set, answers 401 (no token) or 403 (wrong token) to every request
-    but those of OPEN_PATHS, before the app reads the body. The comparison takes constant
-    time."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.expected = token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        scheme, _, token = (header or b"").partition(b" ")
-        if header is None or scheme.lower() != b"bearer":
-            await _reject(send, 401, "missing Authorization: Bearer <token> header")
-        elif not secrets.compare_digest(token.strip(), self.expected):
-            await _reject(send, 403, "wrong API token")
-        else:
-            await self.app(scope, receive, send)
-
-
-async def _reject(send: Send, status_code: int, detail: str) -> None:
-    response = JSONResponse(
-        {"detail": detail}, status_code=status_code, headers={"WWW-Authenticate": "Bearer"}
-    )
-    await send(
-        {"type": "http.response.start", "status": status_code, "headers": response.raw_headers}
-    )
-    await send({"type": "http.response.body", "body": response.body})
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -299,6 +299,17 @@ def test_queue_switches(db_url: str) -> None:
     assert "queue" in one_line_error(notifyq("queue", "", "--pause", env=env))
 
 
+# -- safe by default: tokens ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_an_empty_token_stops_serve_and_dev(db_url: str, command: str, value: str) -> None:
+    env = notifyq_env(db_url, NOTIFYQ_API_TOKEN=value)
+    line = one_line_error(notifyq(command, "--port", str(free_port()), env=env, timeout=20))
+    assert "NOTIFYQ_API_TOKEN" in line and "empty" in line
+
+
 # -- secrets in messages ---------------------------------------------------------------------
 
 

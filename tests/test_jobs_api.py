@@ -24,7 +24,9 @@ async def api(settings: Settings, **overrides: Any) -> AsyncIterator[httpx.Async
     app = create_app(settings.model_copy(update={"run_worker": False, **overrides}))
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client,
     ):
         yield client
 
@@ -297,7 +299,9 @@ async def test_ready_reports_each_part(settings: Settings, conn: Any) -> None:
     app = create_app(settings.model_copy(update={"run_worker": True}))
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client,
     ):
         answer = await client.get("/ready")
         assert answer.status_code == 200 and answer.json()["listener"] == "ok"
