@@ -480,9 +480,13 @@ def _serve(args: argparse.Namespace, settings: Any) -> int:
 def _run_server(settings: Any, banner: list[str]) -> int:
     import uvicorn
 
+    from notifyq import guards
     from notifyq.api import create_app
     from notifyq.migrations import migrate
 
+    refusal = guards.bind_refusal(settings)
+    if refusal is not None:
+        raise _Failed(refusal)
     _prepare_tasks(settings)
     # Migrate (and so prove the database answers) before uvicorn starts, so that a bad URL is
     # one line of error instead of a failed lifespan.

@@ -9,10 +9,13 @@ token neither applies: a page cannot make a browser attach the bearer header, an
 not something a rebound page can read.
 
 Both are raw ASGI middleware that scan the headers once, as POST /jobs is the hottest route.
+:func:`bind_refusal` says when `serve`/`dev` must not start: an address others can reach and
+no token.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import secrets
@@ -202,3 +205,38 @@ async def reject(send: Send, status_code: int, detail: str, *, bearer: bool = Fa
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+# -- binding ----------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` reaches only this machine (a name other than localhost may
+    resolve to anything, so it does not count)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_refusal(settings: Settings) -> str | None:
+    """Why ``serve``/``dev`` must not start with these settings, or None: a token is required
+    to bind an address others can reach, unless NOTIFYQ_ALLOW_UNAUTHENTICATED says otherwise."""
+    if is_loopback(settings.host) or usable_token(settings) is not None:
+        return None
+    if settings.allow_unauthenticated:
+        logger.warning(
+            "serving %s without NOTIFYQ_API_TOKEN (NOTIFYQ_ALLOW_UNAUTHENTICATED=true): anyone "
+            "who reaches it can enqueue, cancel and retry jobs; requests must name a Host in "
+            "NOTIFYQ_ALLOWED_HOSTS (or a loopback name)",
+            settings.host,
+        )
+        return None
+    return (
+        f"refusing to serve on {settings.host} without a token: anyone who reaches it could "
+        "enqueue, cancel and retry jobs; set NOTIFYQ_API_TOKEN (e.g. `openssl rand -hex 32`), "
+        "bind 127.0.0.1, or set NOTIFYQ_ALLOW_UNAUTHENTICATED=true"
+    )

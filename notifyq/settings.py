@@ -115,6 +115,10 @@ class Settings(BaseSettings):
         description="When set, every route but /health (and the docs and dashboard page) "
         "needs Authorization: Bearer <token>. Empty or whitespace is refused at start.",
     )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Let `serve`/`dev` bind an address other than loopback without a token.",
+    )
     allowed_hosts: CommaList = Field(
         default_factory=list,
         description="Without a token, Host names the API answers besides localhost, "

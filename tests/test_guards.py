@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
+from notifyq import guards
 from notifyq.api import create_app
 from notifyq.errors import ConfigurationError
 from notifyq.settings import Settings
@@ -70,6 +71,21 @@ def test_the_app_refuses_a_blank_token_that_skipped_validation(
 def test_a_token_is_stripped_of_surrounding_whitespace() -> None:
     token = Settings.load(api_token=f"  {TOKEN}\n").api_token
     assert token is not None and token.get_secret_value() == TOKEN
+
+
+# -- binding --------------------------------------------------------------------------------
+
+
+def test_only_loopback_binds_go_without_a_token_or_an_explicit_opt_out() -> None:
+    # (`notifyq serve --host 0.0.0.0` itself is refused in test_cli, without binding.)
+    for host in ("127.0.0.1", "127.0.0.5", "::1", "[::1]", "localhost"):
+        assert guards.bind_refusal(Settings.load(host=host)) is None, host
+    for host in ("0.0.0.0", "::", "192.168.1.5", "example.internal"):
+        reason = guards.bind_refusal(Settings.load(host=host))
+        assert reason is not None and "NOTIFYQ_API_TOKEN" in reason, host
+        assert "NOTIFYQ_ALLOW_UNAUTHENTICATED=true" in reason and "\n" not in reason
+        assert guards.bind_refusal(Settings.load(host=host, api_token=TOKEN)) is None
+        assert guards.bind_refusal(Settings.load(host=host, allow_unauthenticated=True)) is None
 
 
 # -- Host, without a token (DNS rebinding) --------------------------------------------------
