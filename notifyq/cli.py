@@ -501,6 +501,8 @@ def _run_server(settings: Any, banner: list[str]) -> int:
             log_config=None,
             lifespan="on",
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
+            # A request's line and headers are capped before any middleware runs.
+            **guards.uvicorn_http_options(settings.max_header_bytes),
         )
     )
 

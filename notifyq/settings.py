@@ -124,6 +124,13 @@ class Settings(BaseSettings):
         description="Without a token, Host names the API answers besides localhost, "
         "127.0.0.1 and [::1] (comma-separated; a DNS rebinding guard).",
     )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Most bytes of a request's line and headers `serve`/`dev` read; past "
+        "them the connection gets 431 and is closed.",
+    )
     cors_origins: CommaList = Field(
         default_factory=list,
         description="Origins allowed to call the API from a browser (comma-separated); none "

@@ -1,11 +1,14 @@
 """The HTTP guards against a real PostgreSQL: the contract's "Safe by default" lines on tokens,
-Host names and cross-site requests, /health's details and CORS preflights."""
+Host names and cross-site requests, /health's details, CORS preflights, and the cap on a
+request's head (a real `notifyq serve` on a loopback port, fed by a raw socket)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +20,7 @@ from notifyq import guards
 from notifyq.api import create_app
 from notifyq.errors import ConfigurationError
 from notifyq.settings import Settings
+from tests.helpers import notifyq_env, processes
 
 TOKEN = "s3cret-token"
 RIGHT = {"authorization": f"Bearer {TOKEN}"}
@@ -265,3 +269,114 @@ async def test_cors_preflights_pass_the_token_guard(settings: Settings) -> None:
     async with api(settings, api_token=SecretStr(TOKEN)) as client:
         # Without CORS configured there is nothing to pre-fly: the token is asked as ever.
         assert (await client.options("/jobs", headers=preflight)).status_code == 401
+
+
+# -- the size of a request's head, on a real server -----------------------------------------
+
+MIB = 1024 * 1024
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory, in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def served(db_url: str, tmp_path: Path, **env: str) -> Iterator[tuple[int, int]]:
+    """`notifyq serve` on a loopback port: (its port, its pid)."""
+    port = free_port()
+    with processes(tmp_path) as start:
+        server = start("serve", "--no-worker", "--port", str(port), env=notifyq_env(db_url, **env))
+        server.wait_for_output("Application startup complete")
+        yield port, server.pid
+
+
+def flood(port: int, size: int) -> tuple[int, bytes]:
+    """Sends one header of ``size`` bytes that never ends; answers how many bytes went out
+    before the server cut the connection, and what it answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        sock.sendall(b"GET /queues HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
+        chunk, sent = b"a" * (64 * 1024), 0
+        deadline = time.monotonic() + 60
+        try:
+            while sent < size and time.monotonic() < deadline:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            return sent, b""
+        return sent, _read_answer(sock)
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_a_huge_header_is_cut_off_early_at_little_cost(db_url: str, tmp_path: Path) -> None:
+    with served(db_url, tmp_path) as (port, pid):
+        # A head just over the limit: the whole of it is read, then 431 and the connection
+        # closed.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /queues HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70_000)
+            answer = _read_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b"larger than 65536 bytes" in answer
+        before = peak_rss(pid)
+        sent, _ = flood(port, 48 * MIB)
+        grown = peak_rss(pid) - before
+        # A head below the limit, and the server itself, are fine.
+        big_but_fine = {"x-fine": "b" * 30_000}
+        ok = httpx.get(f"http://127.0.0.1:{port}/queues", headers=big_but_fine, timeout=10)
+    assert sent < 16 * MIB, f"the server read {sent} bytes of one header"
+    assert grown < 16 * MIB, f"one header cost {grown / MIB:.0f} MiB"
+    assert ok.status_code == 200
+
+
+def test_the_header_limit_is_a_setting_and_counts_each_request(db_url: str, tmp_path: Path) -> None:
+    # Three heads of 3 KiB on one connection: each under the 4 KiB limit, together over it.
+    request = b"GET /queues HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"d" * 3000 + b"\r\n\r\n"
+    with served(db_url, tmp_path, NOTIFYQ_MAX_HEADER_BYTES="4096") as (port, _):
+        refused = httpx.get(
+            f"http://127.0.0.1:{port}/queues", headers={"x-big": "c" * 5000}, timeout=10
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            heads = []
+            for _ in range(3):
+                sock.sendall(request)
+                heads.append(read_response(sock))
+    assert refused.status_code == 431
+    assert refused.json()["detail"] == "request line and headers are larger than 4096 bytes"
+    assert all(head.startswith(b"HTTP/1.1 200 ") for head in heads), heads
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One HTTP response (head and Content-Length body) from ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head
