@@ -16,5 +16,7 @@ RUN pip install . \
 USER notifyq
 EXPOSE 8000
 # Applies migrations (serialised by an advisory lock, so replicas may start together), then
-# serves the API; docker-compose.yml runs `notifyq worker` from the same image.
+# serves the API; docker-compose.yml runs `notifyq worker` from the same image. The API binds
+# every interface of the container, so it needs NOTIFYQ_API_TOKEN: without one it stops at once
+# with a one-line reason (NOTIFYQ_ALLOW_UNAUTHENTICATED=true opts out, for a private network).
 CMD ["sh", "-c", "notifyq migrate && exec notifyq serve --host 0.0.0.0 --port 8000 --no-worker"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import logging
-import secrets
 import time
 from collections import Counter
 from collections.abc import (
@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from notifyq import __version__
+from notifyq import __version__, guards
 from notifyq.db import database_url, first_line, open_pool
 from notifyq.errors import ConfigurationError, DatabaseUnavailable, InvalidJob
 from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -289,10 +289,40 @@ class ReadyOut(BaseModel):
     )
 
 
+#: What a list page leaves out unless ?include= names it: a job's data, which may be large.
+LIST_DATA_FIELDS = ("payload", "result", "errors")
+
+
+class JobListed(JobOut):
+    """A job in a list page: as ``GET /jobs/{id}`` shows it, but ``payload``, ``result`` and
+    ``errors`` only when ``?include=`` names them (one job's data may be megabytes, and a page
+    holds up to 500 jobs). ``error``, the latest attempt's, is always there."""
+
+    # Widened from JobOut's on purpose: these are absent unless included (documentation only;
+    # the route builds its answer with json_of).
+    payload: dict[str, Any] | None = Field(  # type: ignore[assignment]
+        default=None, description="With ?include=payload."
+    )
+    result: Any = Field(default=None, description="With ?include=result.")
+    errors: list[dict[str, Any]] | None = Field(  # type: ignore[assignment]
+        default=None, description="With ?include=errors."
+    )
+
+    @staticmethod
+    def json_of(job: Job, omitted: frozenset[str]) -> str:
+        """The JSON of ``job`` without the ``omitted`` fields, which are never read."""
+        if omitted:
+            job = dataclasses.replace(job, **{name: _EMPTY[name] for name in omitted})
+        return JobOut.of(job).model_dump_json(exclude=set(omitted))
+
+
+_EMPTY: dict[str, Any] = {"payload": {}, "result": None, "errors": []}
+
+
 class JobPage(BaseModel):
     """One page of jobs, newest first."""
 
-    jobs: list[JobOut]
+    jobs: list[JobListed]
     next_cursor: str | None = Field(
         description="Pass as ?cursor= for the next page; null on the last page."
     )
@@ -341,11 +371,12 @@ class ErrorOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    """Liveness and whether the database answers."""
+    """Liveness and whether the database answers. With a token set, a request without it gets
+    only ``status``: the rest (worker id, driver errors) is for operators."""
 
     status: str = Field(description="healthy or unhealthy")
-    database: str
-    version: str
+    database: str | None = None
+    version: str | None = None
     worker: dict[str, Any] | None = None
 
 
@@ -364,6 +395,7 @@ def create_app(
     # DATABASE_URL in production must not create a second, empty job store.
     database_url(settings)
     metrics = Metrics()
+    scraping = anyio.Lock()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -391,6 +423,7 @@ def create_app(
         responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
     )
     app.state.settings = settings
+    app.state.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(
@@ -399,10 +432,9 @@ def create_app(
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    if settings.api_token is not None:
-        # Added last, so it runs first: an unauthenticated request is refused before its
-        # body is read.
-        app.add_middleware(TokenGuard, token=settings.api_token.get_secret_value())
+    # Added last, so it runs first: a request without the token (or, without a token set,
+    # with a foreign Host or from another site) is refused before its body is read.
+    guards.install(app, settings, OPEN_PATHS)
     _install_error_handlers(app)
     _document_bodies(app, (JobIn, BatchIn))
 
@@ -460,15 +492,23 @@ def create_app(
         task: str | None = Query(None, max_length=MAX_NAME_LENGTH, description="Only this task."),
         limit: int = Query(50, ge=1, le=500, description="Jobs per page."),
         cursor: str | None = Query(None, description="next_cursor of the page before."),
-    ) -> JobPage:
+        include: str | None = Query(
+            None,
+            max_length=100,
+            description="Comma-separated, any of payload, result, errors: the data fields "
+            "each job of the page carries (none by default; GET /jobs/{id} has them all).",
+        ),
+    ) -> Response:
+        omitted = frozenset(LIST_DATA_FIELDS) - _included(include)
         after = _decode_cursor(cursor) if cursor else None
         jobs = await _store(request).list_jobs(
             status=status_, queue=queue, task=task, limit=limit + 1, after=after
         )
         page, more = jobs[:limit], len(jobs) > limit
-        return JobPage(
-            jobs=[JobOut.of(job) for job in page],
-            next_cursor=_encode_cursor(page[-1]) if more else None,
+        cursor_json = f'"{_encode_cursor(page[-1])}"' if more else "null"  # base64: no escapes
+        listed = ",".join(JobListed.json_of(job, omitted) for job in page)
+        return Response(
+            f'{{"jobs":[{listed}],"next_cursor":{cursor_json}}}', media_type="application/json"
         )
 
     @app.post(
@@ -639,11 +679,18 @@ def create_app(
         summary="Prometheus metrics (text format)",
     )
     async def prometheus(request: Request) -> Response:
-        if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
-            with contextlib.suppress(DatabaseUnavailable, psycopg.Error, TimeoutError):
-                with anyio.fail_after(HEALTH_TIMEOUT):
-                    metrics.set_depth(await _store(request).queue_stats())
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # One scrape at a time: concurrent ones would each render in a thread of their own.
+        async with scraping:
+            if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
+                store = _store(request)
+                with contextlib.suppress(DatabaseUnavailable, psycopg.Error, TimeoutError):
+                    with anyio.fail_after(HEALTH_TIMEOUT):
+                        metrics.know_tasks(row["name"] for row in await store.list_tasks())
+                        metrics.set_depth(await store.queue_stats())
+            # Rendering takes CPU in proportion to the series; off the loop, other requests
+            # (and the in-process worker) go on meanwhile.
+            text = await anyio.to_thread.run_sync(metrics.render)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.post(
         "/jobs/retry",
@@ -684,24 +731,32 @@ def create_app(
         summary="Liveness and database reachability",
     )
     async def health(request: Request) -> JSONResponse:
-        worker = _worker_of(request)
-        body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
-        if worker is not None:
-            listener = worker.listener
-            body["worker"] = {
-                "id": worker.id,
-                "running_jobs": worker.running_jobs,
-                "listener_connected": bool(listener and listener.connected),
-            }
-        try:
-            with anyio.fail_after(HEALTH_TIMEOUT):
-                await _store(request).ping()
-        except (DatabaseUnavailable, TimeoutError) as exc:
-            body.update(status="unhealthy", database=str(exc) or "timed out")
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(body)
+        body = await _health(request)
+        code = 200 if body["status"] == "healthy" else 503
+        if settings.api_token is not None and not guards.authenticated(request.scope):
+            body = {"status": body["status"]}
+        return JSONResponse(body, status_code=code)
 
     return app
+
+
+async def _health(request: Request) -> dict[str, Any]:
+    """The body of GET /health with every detail."""
+    worker = _worker_of(request)
+    body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
+    if worker is not None:
+        listener = worker.listener
+        body["worker"] = {
+            "id": worker.id,
+            "running_jobs": worker.running_jobs,
+            "listener_connected": bool(listener and listener.connected),
+        }
+    try:
+        with anyio.fail_after(HEALTH_TIMEOUT):
+            await _store(request).ping()
+    except (DatabaseUnavailable, TimeoutError) as exc:
+        body.update(status="unhealthy", database=str(exc) or "timed out")
+    return body
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -818,6 +873,24 @@ def _batch_json(results: list[EnqueueResult]) -> str:
     return '{"results":[' + ",".join(_enqueued_json(r, iso) for r in results) + "]}"
 
 
+def _included(include: str | None) -> frozenset[str]:
+    """The data fields ``?include=`` names; a 422 for a name that is not one."""
+    names = frozenset(part.strip() for part in (include or "").split(",") if part.strip())
+    unknown = sorted(names - set(LIST_DATA_FIELDS))
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", "include"),
+                    "msg": f"unknown field(s) {', '.join(unknown)}: "
+                    f"include takes {', '.join(LIST_DATA_FIELDS)}",
+                    "type": "value_error",
+                }
+            ]
+        )
+    return names
+
+
 def _encode_cursor(job: Job) -> str:
     raw = f"{job.created_at.isoformat()}|{job.id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -892,39 +965,6 @@ async def _documented_bearer(
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
 ) -> None:
     return None
-
-
-class TokenGuard:
-    """With NOTIFYQ_API_TOKEN set, answers 401 (no token) or 403 (wrong token) to every request
-    but those of OPEN_PATHS, before the app reads the body. The comparison takes constant
-    time."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.expected = token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        scheme, _, token = (header or b"").partition(b" ")
-        if header is None or scheme.lower() != b"bearer":
-            await _reject(send, 401, "missing Authorization: Bearer <token> header")
-        elif not secrets.compare_digest(token.strip(), self.expected):
-            await _reject(send, 403, "wrong API token")
-        else:
-            await self.app(scope, receive, send)
-
-
-async def _reject(send: Send, status_code: int, detail: str) -> None:
-    response = JSONResponse(
-        {"detail": detail}, status_code=status_code, headers={"WWW-Authenticate": "Bearer"}
-    )
-    await send(
-        {"type": "http.response.start", "status": status_code, "headers": response.raw_headers}
-    )
-    await send({"type": "http.response.body", "body": response.body})
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -516,9 +516,13 @@ def _serve(args: argparse.Namespace, settings: Any) -> int:
 def _run_server(settings: Any, banner: list[str]) -> int:
     import uvicorn
 
+    from notifyq import guards
     from notifyq.api import create_app
     from notifyq.migrations import check_schema, migrate
 
+    refusal = guards.bind_refusal(settings)
+    if refusal is not None:
+        raise _Failed(refusal)
     _prepare_tasks(settings)
     # Migrate (or check the schema, for a role that may not change it) before uvicorn starts,
     # proving that the database answers: a bad URL is one line of error, not a failed lifespan.
@@ -536,6 +540,8 @@ def _run_server(settings: Any, banner: list[str]) -> int:
             log_config=None,
             lifespan="on",
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
+            # A request's line and headers are capped before any middleware runs.
+            **guards.uvicorn_http_options(settings.max_header_bytes),
         )
     )
 

@@ -25,12 +25,21 @@ from notifyq.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@]*:)[^@]*@")
+# The password of a URL runs to the last "@": one may hold an unencoded "@" or ":" (libpq would
+# misread such a URL, but the message saying so must not show it). A later "@", in a query
+# parameter, hides more than the password: the safe way to be wrong.
+_PASSWORD_IN_URL = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/?#@]*:).*@", re.IGNORECASE | re.DOTALL)
+_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+# A keyword DSN's value is a word, or quoted with '...' where \' and \\ are escapes.
+_PASSWORD_KEYWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced, for messages and logs."""
-    return _PASSWORD_IN_URL.sub(r"\1***@", url)
+    """The database URL or keyword DSN (``host=... password=...``) with its password replaced
+    by ``***``, for messages and logs."""
+    if re.match(r"postgres(ql)?://", url, re.IGNORECASE):
+        return _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", url))
+    return _PASSWORD_KEYWORD.sub(r"\1***", url)
 
 
 def database_url(settings: Settings) -> str:

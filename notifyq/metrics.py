@@ -4,17 +4,30 @@ One :class:`Metrics` per process, built at the entry point on a registry of its 
 global default one). ``GET /metrics`` serves it; a worker without the API serves it on
 ``--metrics-port``. Queue depth is read from the database when scraped (the API) or every few
 seconds (a worker's own port), with the same cheap counts as ``GET /queues``.
+
+Queue and task names come from clients, so the label sets are bounded (:class:`LabelBounds`):
+the first :data:`MAX_QUEUES` queues seen keep their names, later ones are counted under
+``other``; and a task no worker registered is counted under ``other`` too.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "MAX_QUEUES", "OTHER", "LabelBounds", "Metrics"]
+
+#: The label of every queue past the first MAX_QUEUES, and of every task no worker registered.
+OTHER = "other"
+#: Queues that keep their own label.
+MAX_QUEUES = 500
+#: Distinct (queue, task) pairs of unregistered tasks held until the next scrape decides
+#: whether a worker registered them meanwhile; past it they are counted under OTHER at once.
+MAX_PENDING = 1000
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -41,38 +54,54 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.bounds = LabelBounds()
         labels = ("queue", "task")
         r = self.registry
-        self.enqueued = Counter(
-            "notifyq_jobs_enqueued",
-            "Jobs enqueued through this process's API.",
-            labels,
-            registry=r,
+        self.enqueued = _Enqueued(
+            Counter(
+                "notifyq_jobs_enqueued",
+                "Jobs enqueued through this process's API.",
+                labels,
+                registry=r,
+            ),
+            self.bounds,
         )
-        self.started = Counter(
-            "notifyq_jobs_started",
-            "Attempts started by this process's workers.",
-            labels,
-            registry=r,
+        # A worker claims only tasks it registered: the task label of what it ran is bounded
+        # by its code, the queue label (clients choose queues) is not.
+        self.started = self._by_queue(
+            Counter(
+                "notifyq_jobs_started",
+                "Attempts started by this process's workers.",
+                labels,
+                registry=r,
+            )
         )
-        self.completed = Counter("notifyq_jobs_completed", "Jobs completed.", labels, registry=r)
-        self.failed = Counter(
-            "notifyq_jobs_failed",
-            "Jobs failed for good (no attempts left, or permanent).",
-            labels,
-            registry=r,
+        self.completed = self._by_queue(
+            Counter("notifyq_jobs_completed", "Jobs completed.", labels, registry=r)
         )
-        self.retried = Counter(
-            "notifyq_jobs_retried",
-            "Failed attempts that went back to the queue.",
-            labels,
-            registry=r,
+        self.failed = self._by_queue(
+            Counter(
+                "notifyq_jobs_failed",
+                "Jobs failed for good (no attempts left, or permanent).",
+                labels,
+                registry=r,
+            )
         )
-        self.cancelled = Counter(
-            "notifyq_jobs_cancelled",
-            "Running jobs stopped by a cancel request.",
-            labels,
-            registry=r,
+        self.retried = self._by_queue(
+            Counter(
+                "notifyq_jobs_retried",
+                "Failed attempts that went back to the queue.",
+                labels,
+                registry=r,
+            )
+        )
+        self.cancelled = self._by_queue(
+            Counter(
+                "notifyq_jobs_cancelled",
+                "Running jobs stopped by a cancel request.",
+                labels,
+                registry=r,
+            )
         )
         self.rescued = Counter(
             "notifyq_jobs_rescued",
@@ -84,19 +113,23 @@ class Metrics:
             "Outcomes discarded because the worker had lost the job's lease.",
             registry=r,
         )
-        self.pickup = Histogram(
-            "notifyq_pickup_latency_seconds",
-            "From the moment a job became due (committed, or its run_at) to its handler start.",
-            ("queue",),
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.pickup = self._by_queue(
+            Histogram(
+                "notifyq_pickup_latency_seconds",
+                "From the moment a job became due (committed, or its run_at) to its handler start.",
+                ("queue",),
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.runtime = Histogram(
-            "notifyq_run_seconds",
-            "How long handlers ran.",
-            labels,
-            buckets=_RUN_BUCKETS,
-            registry=r,
+        self.runtime = self._by_queue(
+            Histogram(
+                "notifyq_run_seconds",
+                "How long handlers ran.",
+                labels,
+                buckets=_RUN_BUCKETS,
+                registry=r,
+            )
         )
         self.reconnects = Counter(
             "notifyq_listener_reconnects",
@@ -128,16 +161,130 @@ class Metrics:
         )
         self.depth_read_at = 0.0
 
+    def _by_queue(self, family: _Family) -> _ByQueue[_Family]:
+        return _ByQueue(family, self.bounds)
+
     def set_depth(self, rows: list[dict[str, Any]]) -> None:
-        """Queue depth gauges from ``Store.queue_stats`` rows."""
+        """Queue depth gauges from ``Store.queue_stats`` rows; the queues past the bound are
+        summed under ``other`` (and their oldest wait is the longest of theirs)."""
+        depth: dict[tuple[str, str], float] = {}
+        oldest: dict[str, float] = {}
+        for row in rows:
+            queue = self.bounds.queue(row["queue"])
+            for status in _DEPTH_STATUSES:
+                depth[queue, status] = depth.get((queue, status), 0) + row[status]
+            oldest[queue] = max(oldest.get(queue, 0.0), row["oldest_due_seconds"] or 0.0)
         self.depth.clear()
         self.oldest.clear()
-        for row in rows:
-            for status in ("queued", "due", "processing", "completed", "failed", "cancelled"):
-                self.depth.labels(row["queue"], status).set(row[status])
-            self.oldest.labels(row["queue"]).set(row["oldest_due_seconds"] or 0.0)
+        for (queue, status), value in depth.items():
+            self.depth.labels(queue, status).set(value)
+        for queue, seconds in oldest.items():
+            self.oldest.labels(queue).set(seconds)
         self.depth_read_at = time.monotonic()
 
+    def know_tasks(self, names: Iterable[str]) -> None:
+        """The tasks registered by workers (``Store.list_tasks``): these keep their own label
+        in ``notifyq_jobs_enqueued``. Counts held for a task until now are settled: under its
+        name if it is among these, else under ``other``."""
+        self.bounds.tasks = frozenset(names)
+        self.enqueued.settle()
+
     def render(self) -> bytes:
-        """The Prometheus text format."""
+        """The Prometheus text format. Seconds of CPU with many series: call it off the
+        event loop."""
         return generate_latest(self.registry)
+
+
+_DEPTH_STATUSES = ("queued", "due", "processing", "completed", "failed", "cancelled")
+
+
+class LabelBounds:
+    """Which queue and task names may be label values. The first ``max_queues`` queues seen
+    keep their names, for the life of the process (so a series never changes its label);
+    ``tasks`` are the names workers registered."""
+
+    def __init__(self, max_queues: int = MAX_QUEUES) -> None:
+        self.max_queues = max_queues
+        self.tasks: frozenset[str] = frozenset()
+        self._queues: set[str] = set()
+
+    def queue(self, name: str) -> str:
+        """The label of queue ``name``."""
+        if name in self._queues:
+            return name
+        if len(self._queues) < self.max_queues:
+            self._queues.add(name)
+            return name
+        return OTHER
+
+
+class _Child(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Family(Protocol):
+    def labels(self, *values: str) -> Any: ...
+
+
+F = TypeVar("F", bound=_Family)
+
+
+class _ByQueue(Generic[F]):
+    """A metric family whose first label is a queue, bounded by ``bounds``."""
+
+    def __init__(self, family: F, bounds: LabelBounds) -> None:
+        self.family = family
+        self._bounds = bounds
+
+    def labels(self, queue: str, *rest: str) -> Any:
+        """The child of these label values, the queue's bounded."""
+        return self.family.labels(self._bounds.queue(queue), *rest)
+
+
+class _Enqueued:
+    """``notifyq_jobs_enqueued``, whose task label is a name the client chose: a task workers
+    registered counts under its name, another waits (as a plain count) for the next scrape,
+    which counts it under its name if a worker registered it meanwhile, else under ``other``.
+    So a job enqueued just before its worker first started is not lost to ``other``, and a
+    count, once under ``other``, never moves (counters only grow)."""
+
+    def __init__(self, family: Counter, bounds: LabelBounds) -> None:
+        self.family = family
+        self._bounds = bounds
+        self._pending: dict[tuple[str, str], float] = {}
+
+    def labels(self, queue: str, task: str) -> _Child:
+        """What to ``inc()`` for a job of ``task`` enqueued on ``queue``."""
+        label = self._bounds.queue(queue)
+        if task in self._bounds.tasks:
+            child: _Child = self.family.labels(label, task)
+            return child
+        key = (label, task)
+        if key not in self._pending and len(self._pending) >= MAX_PENDING:
+            other: _Child = self.family.labels(label, OTHER)
+            return other
+        return _Pending(self, key)
+
+    def hold(self, key: tuple[str, str], amount: float) -> None:
+        """Adds to the count held for ``key`` (a queue label and a task name)."""
+        self._pending[key] = self._pending.get(key, 0) + amount
+
+    def settle(self) -> None:
+        """Counts the held jobs under their task's label, or ``other``."""
+        pending, self._pending = self._pending, {}
+        for (queue, task), count in pending.items():
+            label = task if task in self._bounds.tasks else OTHER
+            self.family.labels(queue, label).inc(count)
+
+
+class _Pending:
+    """A count held by :class:`_Enqueued` until the next scrape."""
+
+    __slots__ = ("_key", "_owner")
+
+    def __init__(self, owner: _Enqueued, key: tuple[str, str]) -> None:
+        self._owner = owner
+        self._key = key
+
+    def inc(self, amount: float = 1) -> None:
+        self._owner.hold(self._key, amount)

@@ -17,6 +17,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from notifyq.errors import ConfigurationError
@@ -109,7 +110,27 @@ class Settings(BaseSettings):
     prune_interval: float = Field(
         default=60.0, gt=0, description="Seconds between a worker's retention passes."
     )
-    api_token: SecretStr | None = None
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="When set, every route but /health (and the docs and dashboard page) "
+        "needs Authorization: Bearer <token>. Empty or whitespace is refused at start.",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Let `serve`/`dev` bind an address other than loopback without a token.",
+    )
+    allowed_hosts: CommaList = Field(
+        default_factory=list,
+        description="Without a token, Host names the API answers besides localhost, "
+        "127.0.0.1 and [::1] (comma-separated; a DNS rebinding guard).",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Most bytes of a request's line and headers `serve`/`dev` read; past "
+        "them the connection gets 431 and is closed.",
+    )
     cors_origins: CommaList = Field(
         default_factory=list,
         description="Origins allowed to call the API from a browser (comma-separated); none "
@@ -126,7 +147,7 @@ class Settings(BaseSettings):
         default="text", description="text for people, json for one object per line."
     )
 
-    @field_validator("imports", "queues", "cors_origins", mode="before")
+    @field_validator("imports", "queues", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         return _split_commas(value)
@@ -140,6 +161,22 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_means_forever(cls, value: Any) -> Any:
         return None if value in ("", "none", "None", "forever") else value
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _token_is_not_blank(cls, value: Any) -> Any:
+        # An empty variable must never mean "an empty bearer is accepted"; and whitespace
+        # around a token is never meant (HTTP strips it from the header anyway).
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(raw, str):
+            if not raw.strip():
+                raise PydanticCustomError(
+                    "blank_token",
+                    "is empty or whitespace: set it to a long random secret (for example "
+                    "the output of `openssl rand -hex 32`), or unset it",
+                )
+            return raw.strip()
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

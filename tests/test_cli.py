@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -299,3 +300,82 @@ def test_queue_switches(db_url: str) -> None:
     resumed = notifyq("queue", "mail", "--resume", "--rate-limit", "0", "--notify", "on", env=env)
     assert "active" in resumed.stdout and "/s" not in resumed.stdout
     assert "queue" in one_line_error(notifyq("queue", "", "--pause", env=env))
+
+
+# -- safe by default: tokens, binds -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_an_empty_token_stops_serve_and_dev(db_url: str, command: str, value: str) -> None:
+    env = notifyq_env(db_url, NOTIFYQ_API_TOKEN=value)
+    line = one_line_error(notifyq(command, "--port", str(free_port()), env=env, timeout=20))
+    assert "NOTIFYQ_API_TOKEN" in line and "empty" in line
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "0.0.0.0", "::"])
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_public_bind_without_a_token_is_refused(db_url: str, command: str, host: str) -> None:
+    began = time.monotonic()
+    done = notifyq(command, "--host", host, "--port", str(free_port()), env=notifyq_env(db_url))
+    line = one_line_error(done)
+    assert f"refusing to serve on {host} without a token" in line
+    assert "NOTIFYQ_API_TOKEN" in line and "NOTIFYQ_ALLOW_UNAUTHENTICATED=true" in line
+    assert time.monotonic() - began < 10
+
+
+def test_the_image_command_without_a_token_stops_with_one_line(db_url: str) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    cmd = json.loads(next(line for line in dockerfile.splitlines() if line.startswith("CMD "))[4:])
+    serve = cmd[-1].split("exec notifyq ", 1)[1].split()
+    assert serve[:3] == ["serve", "--host", "0.0.0.0"]
+    line = one_line_error(notifyq(*serve, env=notifyq_env(db_url)))
+    assert "refusing to serve on 0.0.0.0 without a token" in line
+
+
+def test_compose_requires_a_token_and_publishes_on_loopback_only() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    required = re.search(r"NOTIFYQ_API_TOKEN: \$\{NOTIFYQ_API_TOKEN:\?([^}]+)\}", compose)
+    assert required is not None, "the api service must require NOTIFYQ_API_TOKEN"
+    assert ".env" in required.group(1)  # the message says how to set one
+    published = re.findall(r'^\s+- "([^"]*:\d+)"$', compose, re.MULTILINE)
+    assert published == ["127.0.0.1:8000:8000"]
+
+
+# -- secrets in messages ---------------------------------------------------------------------
+
+
+REDACTED = [
+    ("postgresql://u:p@ss:w@rd@db.example:5432/x", "postgresql://u:***@db.example:5432/x"),
+    ("postgresql://u:p%40ss%3Aw@db.example/x", "postgresql://u:***@db.example/x"),
+    (
+        "postgres://u:pw@h1:5432,h2:5433/x?sslmode=require",
+        "postgres://u:***@h1:5432,h2:5433/x?sslmode=require",
+    ),
+    (
+        "postgresql://db.example/x?user=u&password=pw&sslmode=require",
+        "postgresql://db.example/x?user=u&password=***&sslmode=require",
+    ),
+    ("host=db.example password=pw dbname=x", "host=db.example password=*** dbname=x"),
+    ("host=db.example password = pw", "host=db.example password = ***"),
+    ("host=db.example password='a b' dbname=x", "host=db.example password=*** dbname=x"),
+    ("password='it\\'s a \\\\ b' host=db.example", "password=*** host=db.example"),
+    ("host=db.example PASSWORD=pw", "host=db.example PASSWORD=***"),
+    # Nothing to hide:
+    ("postgresql://u@db.example/x", "postgresql://u@db.example/x"),
+    ("host=db.example user=u dbname=x", "host=db.example user=u dbname=x"),
+    ("postgresql:///x", "postgresql:///x"),
+]
+
+
+def test_redact_hides_every_form_of_password() -> None:
+    from notifyq.db import redact
+
+    assert [redact(dsn) for dsn, _ in REDACTED] == [shown for _, shown in REDACTED]
+
+
+def test_an_unreachable_keyword_dsn_does_not_show_its_password() -> None:
+    dsn = f"host=127.0.0.1 port={free_port()} user=postgres password=hunter2 dbname=x"
+    for command in ("migrate", "worker"):
+        line = one_line_error(notifyq(command, "--database-url", dsn, env=notifyq_env("")))
+        assert "cannot connect" in line and "hunter2" not in line, line

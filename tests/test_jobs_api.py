@@ -24,7 +24,9 @@ async def api(settings: Settings, **overrides: Any) -> AsyncIterator[httpx.Async
     app = create_app(settings.model_copy(update={"run_worker": False, **overrides}))
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client,
     ):
         yield client
 
@@ -294,7 +296,9 @@ async def test_ready_reports_each_part(settings: Settings, conn: Any) -> None:
     app = create_app(settings.model_copy(update={"run_worker": True}))
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client,
     ):
         answer = await client.get("/ready")
         assert answer.status_code == 200 and answer.json()["listener"] == "ok"
@@ -315,3 +319,31 @@ async def test_cors_is_off_unless_configured(settings: Settings) -> None:
         opened = await client.options("/jobs", headers=headers)
     assert "access-control-allow-origin" not in closed.headers
     assert opened.headers["access-control-allow-origin"] == "https://ops.example"
+
+
+async def test_list_pages_leave_job_data_out_unless_asked(settings: Settings) -> None:
+    blob = {"blob": "x" * 10_000}
+    async with api(settings) as client:
+        done = (await client.post("/jobs", json={"task": "echo", "payload": blob})).json()
+        failing = {"task": "fail", "payload": {"message": "nope"}, "max_attempts": 1}
+        failed = (await client.post("/jobs", json=failing)).json()
+        await Worker(settings, burst=True).run()
+        plain = (await client.get("/jobs")).json()["jobs"]
+        some = (await client.get("/jobs", params={"include": " payload , errors"})).json()
+        every = (await client.get("/jobs", params={"include": "payload,result,errors"})).json()
+        single = {
+            job_id: (await client.get(f"/jobs/{job_id}")).json()
+            for job_id in (done["job_id"], failed["job_id"])
+        }
+        bad = await client.get("/jobs", params={"include": "payload,secrets"})
+    assert len(plain) == 2
+    for job in plain:
+        assert not {"payload", "result", "errors"} & set(job), job
+        assert job == {k: v for k, v in single[job["job_id"]].items() if k in job}
+    assert next(j for j in plain if j["status"] == "failed")["error"].startswith("RuntimeError")
+    for job in some["jobs"]:
+        assert "payload" in job and "errors" in job and "result" not in job
+    assert {job["job_id"]: job for job in every["jobs"]} == single
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["loc"] == ["query", "include"]
+    assert "secrets" in bad.json()["detail"][0]["msg"]

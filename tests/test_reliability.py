@@ -117,7 +117,7 @@ async def _equals(value: Any, expected: Any) -> bool:
 
 
 def _client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 
 async def test_dead_letters_are_kept_listed_and_retried(

@@ -577,9 +577,11 @@
 
   // -- jobs list ---------------------------------------------------------------------------
 
+  // List pages carry no job data unless asked; the rows show a payload preview, and the
+  // detail pane reads the whole job (result, errors) from GET /jobs/{id}.
   function filterParams() {
     const f = state.filters;
-    return { status: f.status, queue: f.queue, task: f.task };
+    return { status: f.status, queue: f.queue, task: f.task, include: "payload" };
   }
 
   async function refreshJobs() {
@@ -771,8 +773,7 @@
   function openJob(id) {
     state.selectedId = id;
     state.selectedMissing = false;
-    const listed = state.jobs.find((j) => j.job_id === id);
-    state.selectedJob = listed || null;
+    state.selectedJob = null; // a listed job lacks its result and errors: "Loading…" until read
     state.detailJson = null;
     try {
       history.replaceState(null, "", `#job=${segment(id)}`);
