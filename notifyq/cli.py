@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import anyio
 
-from notifyq import __version__
+from notifyq._version import __version__
 from notifyq.db import database_url, redact
 from notifyq.errors import InvalidJob, NotifyQError, describe
 from notifyq.logs import configure as configure_logging

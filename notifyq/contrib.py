@@ -62,7 +62,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from notifyq import __version__
+from notifyq._version import __version__
 from notifyq.egress import DestinationRefused, EgressPolicy, PinnedTransport, normal_allow_entry
 from notifyq.errors import ConfigurationError, InvalidJob, NotifyQError, PermanentFailure
 from notifyq.models import encode_json
