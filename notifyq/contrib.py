@@ -4,10 +4,10 @@
 Nothing here runs at import. :func:`contrib_tasks` builds the tasks as closures over a
 :class:`ContribSettings`, read from the environment once at the entry point::
 
-    from notifyq.contrib import ContribSettings, contrib_tasks
-    from notifyq.tasks import Registry, worker_registry
+    from notifyq.builtins import worker_registry
+    from notifyq.contrib import ContribSettings
 
-    registry = worker_registry(Registry(contrib_tasks(ContribSettings.load())))
+    registry = worker_registry(contrib=ContribSettings.load())
 
 Every handler validates its payload with a pydantic model (the ``*Payload`` classes below); a bad
 payload fails the job at once with :class:`~notifyq.errors.PermanentFailure` naming the field.
