@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from notifyq._version import __version__
 
 __all__ = [
     "Backoff",
@@ -61,8 +61,9 @@ if TYPE_CHECKING:
         TaskError,
     )
     from notifyq.models import EnqueueResult, Job, JobSpec, JobStatus
+    from notifyq.retry import Backoff, CircuitBreaker
     from notifyq.settings import Settings
-    from notifyq.tasks import Backoff, CircuitBreaker, periodic, task
+    from notifyq.tasks import periodic, task
     from notifyq.worker import Worker
 
 _LOCATIONS = {
@@ -71,8 +72,8 @@ _LOCATIONS = {
     "Worker": "notifyq.worker",
     "Settings": "notifyq.settings",
     "task": "notifyq.tasks",
-    "Backoff": "notifyq.tasks",
-    "CircuitBreaker": "notifyq.tasks",
+    "Backoff": "notifyq.retry",
+    "CircuitBreaker": "notifyq.retry",
     "periodic": "notifyq.tasks",
     "JobContext": "notifyq.context",
     "current_job": "notifyq.context",

@@ -42,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from notifyq import __version__, guards
+from notifyq import guards
+from notifyq._version import __version__
 from notifyq.db import database_url, first_line, open_pool
 from notifyq.errors import ConfigurationError, DatabaseUnavailable, InvalidJob
 from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import anyio
 
-from notifyq import __version__
+from notifyq._version import __version__
 from notifyq.db import database_url, redact
 from notifyq.errors import InvalidJob, NotifyQError, describe
 from notifyq.logs import configure as configure_logging
@@ -391,10 +391,15 @@ def _prepare_tasks(settings: Any) -> None:
 
 
 def _worker(args: argparse.Namespace, settings: Any) -> int:
+    from notifyq.builtins import worker_registry
+    from notifyq.contrib import ContribSettings
     from notifyq.migrations import check_schema, migrate
     from notifyq.worker import Worker
 
     _prepare_tasks(settings)
+    # Built before the database is touched, so a bad contrib setting stops the command before
+    # it migrates; and after --import, so that every @task is in it.
+    registry = worker_registry(contrib=ContribSettings.load())
 
     async def run() -> None:
         if settings.auto_migrate:
@@ -410,7 +415,7 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
             metrics = Metrics()
             start_http_server(args.metrics_port, addr=settings.host, registry=metrics.registry)
             _say(f"notifyq: metrics at http://{settings.host}:{args.metrics_port}/metrics")
-        worker = Worker(settings, burst=args.burst, metrics=metrics, report_depth=True)
+        worker = Worker(settings, registry, burst=args.burst, metrics=metrics, report_depth=True)
         _BEFORE_HARD_EXIT.insert(0, worker.forget_idle_mark)
         _settle_heap()
         async with anyio.create_task_group() as tg:
@@ -518,19 +523,24 @@ def _run_server(settings: Any, banner: list[str]) -> int:
 
     from notifyq import guards
     from notifyq.api import create_app
+    from notifyq.builtins import worker_registry
+    from notifyq.contrib import ContribSettings
     from notifyq.migrations import check_schema, migrate
 
     refusal = guards.bind_refusal(settings)
     if refusal is not None:
         raise _Failed(refusal)
     _prepare_tasks(settings)
+    # As for `notifyq worker`: before migrating, and after --import. An API without a worker
+    # runs no task, so it does not read the tasks' settings.
+    registry = worker_registry(contrib=ContribSettings.load()) if settings.run_worker else None
     # Migrate (or check the schema, for a role that may not change it) before uvicorn starts,
     # proving that the database answers: a bad URL is one line of error, not a failed lifespan.
     if settings.auto_migrate:
         anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
     else:
         anyio.run(check_schema, settings)
-    app = create_app(settings.model_copy(update={"auto_migrate": False}))
+    app = create_app(settings.model_copy(update={"auto_migrate": False}), registry=registry)
     server = _make_server(
         uvicorn.Config(
             app,

@@ -22,7 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq.db import translate_errors
 from notifyq.models import ClaimedJob, EnqueueResult, Job, JobSpec, JobStatus
 from notifyq.queries import load_queries
-from notifyq.tasks import CircuitBreaker, Task
+from notifyq.retry import CircuitBreaker
+from notifyq.tasks import Task
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,9 @@
-"""Tasks: the ``@task`` decorator, the registry a worker serves, retry backoff, and the small
-built-in tasks (``hello_world``, ``echo``, ``sleep``, ``fail``; the email, HTTP and file ones
-are in :mod:`notifyq.contrib`)."""
+"""Tasks: :class:`Task` (a handler and its options), :func:`make_task`, the :class:`Registry`
+of tasks by name, and the ``@task`` / ``@periodic`` decorators with the registry they fill.
+
+The built-in tasks and the registry a worker serves are in :mod:`notifyq.builtins`; retry
+policies (:class:`~notifyq.retry.Backoff`, :class:`~notifyq.retry.CircuitBreaker`) in
+:mod:`notifyq.retry`."""
 
 from __future__ import annotations
 
@@ -8,13 +11,11 @@ import dataclasses
 import importlib
 import inspect
 import json
-import math
-import random
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import anyio
 import anyio.to_thread
@@ -24,54 +25,10 @@ from pydantic import BaseModel, ValidationError
 from notifyq.context import JobContext, _current
 from notifyq.errors import PermanentFailure, TaskError
 from notifyq.models import check_name
-
-if TYPE_CHECKING:
-    from notifyq.contrib import ContribSettings
+from notifyq.retry import Backoff, CircuitBreaker
 
 Handler = Callable[[dict[str, Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: attempt n waits between half and all of
-    ``min(cap, base * factor ** (n - 1))`` seconds. Half of the delay is fixed, so the wait grows
-    with every attempt whatever the random half does, until the cap."""
-
-    base: float = 1.0
-    factor: float = 2.0
-    cap: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.base < 0 or self.factor < 1 or self.cap < 0:
-            raise TaskError("backoff needs base >= 0, factor >= 1 and cap >= 0")
-
-    def ceiling(self, attempt: int) -> float:
-        """The most attempt ``attempt`` (1-based) waits before the next one."""
-        try:
-            raw = float(self.base) * float(self.factor) ** max(0, attempt - 1)
-        except OverflowError:
-            return float(self.cap)
-        return min(float(self.cap), raw) if math.isfinite(raw) else float(self.cap)
-
-    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        """Seconds to wait after failed attempt ``attempt``, jitter included."""
-        full = self.ceiling(attempt)
-        return full / 2 + rng() * full / 2
-
-
-@dataclass(frozen=True, slots=True)
-class CircuitBreaker:
-    """After ``threshold`` consecutive retryable failures of a task, every worker stops claiming
-    it for ``cooldown`` seconds; then one probe job runs, and its success closes the breaker.
-    The state lives in the database, so all workers agree."""
-
-    threshold: int = 5
-    cooldown: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.threshold < 1 or self.cooldown <= 0:
-            raise TaskError("a circuit breaker needs threshold >= 1 and cooldown > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +271,13 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     ) == getattr(b, "__module__", None)
 
 
+#: The tasks registered with ``@task`` and ``@periodic``, filled as modules are imported.
 _registry = Registry()
+
+
+def registered() -> Registry:
+    """A new registry holding every task registered with ``@task`` so far."""
+    return Registry(list(_registry))
 
 
 @overload
@@ -378,56 +341,3 @@ def import_modules(names: list[str]) -> None:
                 f"cannot import {name!r} (from --import/NOTIFYQ_IMPORT): {type(exc).__name__}: "
                 f"{exc}; check the module name and that it is on PYTHONPATH"
             ) from exc
-
-
-# -- built-in tasks ---------------------------------------------------------------------------
-
-
-async def hello_world(payload: dict[str, Any]) -> dict[str, Any]:
-    """Answers a greeting; the smallest useful job."""
-    name = payload.get("name", "world")
-    return {"message": f"Hello, {name}!"}
-
-
-async def echo(payload: dict[str, Any]) -> dict[str, Any]:
-    """Answers its payload."""
-    return payload
-
-
-async def sleep(payload: dict[str, Any]) -> dict[str, Any]:
-    """Sleeps ``payload["seconds"]`` seconds (at most an hour)."""
-    seconds = payload.get("seconds", 1)
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise PermanentFailure("sleep needs {'seconds': <number>}")
-    if not 0 <= seconds <= 3600:
-        raise PermanentFailure("sleep takes from 0 to 3600 seconds")
-    await anyio.sleep(seconds)
-    return {"slept": seconds}
-
-
-async def fail(payload: dict[str, Any]) -> None:
-    """Raises with ``payload["message"]``; every attempt fails, for trying retries."""
-    raise RuntimeError(str(payload.get("message", "failed on purpose")))
-
-
-def builtin_registry(contrib: ContribSettings | None = None) -> Registry:
-    """A new registry holding the built-in tasks: hello_world, echo, sleep, fail, and
-    send_email, http_request, file_digest and file_gzip configured by ``contrib`` (default:
-    read from the environment now)."""
-    from notifyq.contrib import ContribSettings, contrib_tasks
-
-    tasks = [make_task(fn) for fn in (hello_world, echo, sleep, fail)]
-    tasks += contrib_tasks(contrib if contrib is not None else ContribSettings.load())
-    return Registry(tasks)
-
-
-def worker_registry(
-    extra: Registry | None = None, *, contrib: ContribSettings | None = None
-) -> Registry:
-    """What a worker serves: the built-ins, every ``@task``, and ``extra``. A task of the
-    application with a built-in's name (its own ``send_email``, say) replaces the built-in."""
-    own = Registry(list(_registry))
-    if extra is not None:
-        own = own.merged(extra)
-    builtins = [task for task in builtin_registry(contrib) if task.name not in own]
-    return Registry(builtins).merged(own)

@@ -36,15 +36,17 @@ import psycopg
 from anyio.abc import TaskStatus
 from cronsim import CronSim
 
+from notifyq.builtins import worker_registry
 from notifyq.context import JobContext
 from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
 from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
 from notifyq.metrics import Metrics
 from notifyq.models import ClaimedJob, JobStatus, Undecodable, encode_json
 from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, Listener
+from notifyq.retry import Backoff, CircuitBreaker
 from notifyq.settings import Settings
 from notifyq.store import Failure, Held, Store, Success
-from notifyq.tasks import Backoff, CircuitBreaker, Registry, Task, worker_registry
+from notifyq.tasks import Registry, Task
 
 logger = logging.getLogger(__name__)
 

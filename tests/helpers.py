@@ -16,8 +16,9 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import psycopg
 
+from notifyq.builtins import worker_registry
 from notifyq.settings import Settings
-from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent

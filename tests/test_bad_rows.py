@@ -17,11 +17,12 @@ import psycopg
 import pytest
 
 from notifyq.api import create_app
+from notifyq.builtins import worker_registry
 from notifyq.client import Queue
 from notifyq.errors import InvalidJob
 from notifyq.migrations import _apply_missing, load_migrations
 from notifyq.settings import Settings
-from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker
 from tests.helpers import (
     count_by_status,

@@ -140,6 +140,20 @@ def test_bad_settings_name_the_variable(db_url: str) -> None:
     assert "NOTIFYQ_CONCURRENCY" in one_line_error(notifyq("worker", env=env))
 
 
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_bad_contrib_setting_stops_the_command_before_it_migrates(
+    empty_db_url: str, command: str
+) -> None:
+    # The worker's tasks (and the settings of send_email, http_request and the file tasks) are
+    # built before the database is touched, so a typo costs one line and changes nothing.
+    env = notifyq_env(empty_db_url, NOTIFYQ_SMTP_PORT="0")
+    port = ["--port", str(free_port())] if command == "serve" else []
+    line = one_line_error(notifyq(command, *port, env=env))
+    assert "NOTIFYQ_SMTP_PORT" in line
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('notifyq')").fetchone() == (None,)
+
+
 def test_operator_commands(db_url: str) -> None:
     env = notifyq_env(db_url)
     failing = notifyq("enqueue", "fail", '{"message": "boom"}', "--max-attempts", "1", env=env)

@@ -31,10 +31,11 @@ import psycopg
 import pytest
 import uvicorn
 
+from notifyq.builtins import worker_registry
 from notifyq.contrib import ContribSettings, TransientFailure, contrib_tasks
 from notifyq.errors import ConfigurationError, PermanentFailure
 from notifyq.settings import Settings
-from notifyq.tasks import Registry, Task, worker_registry
+from notifyq.tasks import Registry, Task
 from tests.helpers import running_worker, wait_for_status
 
 

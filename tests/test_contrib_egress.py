@@ -32,7 +32,7 @@ import pytest
 import uvicorn
 
 from notifyq.contrib import ContribSettings, TransientFailure, contrib_tasks
-from notifyq.egress import EgressPolicy, PinnedTransport, refused_range
+from notifyq.contrib.egress import EgressPolicy, PinnedTransport, refused_range
 from notifyq.errors import ConfigurationError, PermanentFailure
 from notifyq.tasks import Task
 from tests.test_contrib import answer, read_body, run, wait_for

@@ -11,10 +11,11 @@ import httpx
 import psycopg
 
 from notifyq.api import create_app
+from notifyq.builtins import worker_registry
 from notifyq.db import open_pool
 from notifyq.settings import Settings
 from notifyq.store import Store
-from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker
 from tests.helpers import insert_in_state, job_row, running_worker, wait_for_status, wait_until
 

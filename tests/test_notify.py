@@ -11,8 +11,9 @@ from typing import Any
 import anyio
 import psycopg
 
+from notifyq.builtins import worker_registry
 from notifyq.settings import Settings
-from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from tests.helpers import running_worker, wait_until
 
 

@@ -24,9 +24,10 @@ import pytest
 from psycopg import sql
 
 from notifyq.api import create_app
+from notifyq.builtins import worker_registry
 from notifyq.client import Queue
 from notifyq.settings import Settings
-from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from tests.helpers import ROOT, notifyq_env, processes, running_worker, wait_for_status
 
 #: Exact-typed overloads of built-ins that notifyq's statements call: each one shadows the

@@ -12,10 +12,11 @@ import pytest
 from pydantic import BaseModel, Field
 
 from notifyq import JobContext, current_job
+from notifyq.builtins import worker_registry
 from notifyq.client import Queue
 from notifyq.errors import TaskError
 from notifyq.settings import Settings
-from notifyq.tasks import Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker, _ticks
 from tests.helpers import (
     ROOT,

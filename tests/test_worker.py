@@ -10,9 +10,11 @@ import anyio.lowlevel
 import psycopg
 import pytest
 
+from notifyq.builtins import worker_registry
 from notifyq.errors import PermanentFailure
+from notifyq.retry import Backoff
 from notifyq.settings import Settings
-from notifyq.tasks import Backoff, Registry, make_task, worker_registry
+from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker
 from tests.helpers import (
     count_by_status,

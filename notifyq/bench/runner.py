@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from notifyq import __version__
+from notifyq._version import __version__
 from notifyq.bench.harness import (
     BenchError,
     Children,
