@@ -1,5 +1,9 @@
 """The benchmark harness runs end to end: a quick run of two scenarios exits 0, writes its JSON
-and leaves no scratch database or process behind. Speed is not asserted here."""
+and leaves no scratch database or process behind. Speed is not asserted here.
+
+The bench is a distribution of its own (benchmarks/, notifyq-bench) that CI does not install:
+these tests run it from this checkout, with benchmarks/ on the path.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +19,29 @@ import pytest
 from notifyq.settings import DEFAULT_LOCAL_URL
 from tests.helpers import ROOT
 
+BENCH_ROOT = ROOT / "benchmarks"
+
+
+def _bench_env(**extra: str) -> dict[str, str]:
+    """The environment of a process that runs ``notifyq bench`` from this checkout, with the
+    bench importable whether it is installed or not."""
+    env = {**os.environ, **extra}
+    path = (str(BENCH_ROOT), str(ROOT), env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return env
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
     url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
     out = tmp_path / "out.json"
-    env = {**os.environ, "DATABASE_URL": url}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "notifyq.bench",
+            "notifyq",
+            "bench",
             "--quick",
             "--scenario",
             "latency,throughput",
@@ -35,7 +49,7 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
             str(out),
         ],
         cwd=tmp_path,
-        env=env,
+        env=_bench_env(DATABASE_URL=url),
         capture_output=True,
         text=True,
         timeout=280,
@@ -97,11 +111,33 @@ def _processes_mentioning(names: list[str]) -> list[int]:
 
 def test_bench_refuses_an_unknown_scenario() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "notifyq.bench", "--scenario", "nope"],
+        [sys.executable, "-m", "notifyq", "bench", "--scenario", "nope"],
         cwd=ROOT,
+        env=_bench_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
     assert "unknown scenario" in done.stderr
+
+
+def test_notifyq_bench_says_how_to_install_the_bench_when_it_is_missing() -> None:
+    # As if notifyq-bench were not installed, also where it is.
+    script = (
+        "import sys; sys.modules['notifyq_bench'] = None; "
+        "from notifyq.cli import main; sys.exit(main(['bench', '--help']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=_bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "notifyq bench: needs notifyq-bench; from a source checkout: pip install -e ./benchmarks"
+    ]

@@ -27,7 +27,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from notifyq.bench.harness import (
+from notifyq_bench.harness import (
     BenchError,
     Child,
     Children,
@@ -38,11 +38,11 @@ from notifyq.bench.harness import (
     postgres_cpu,
     wait_http,
 )
-from notifyq.bench.report import RATIO, Figure, Results, Target
-from notifyq.bench.stats import median, percentiles
-from notifyq.bench.tasks import NOOP, STAMP
+from notifyq_bench.report import RATIO, Figure, Results, Target
+from notifyq_bench.stats import median, percentiles
+from notifyq_bench.tasks import NOOP, STAMP
 
-TASKS_MODULE = "notifyq.bench.tasks"
+TASKS_MODULE = "notifyq_bench.tasks"
 NOTIFYQ_JOBS = sql.SQL("notifyq.jobs")
 BARE_JOBS = sql.SQL("bench.jobs")
 WORKER_CONCURRENCY = 50
@@ -179,7 +179,7 @@ class Context:
             [
                 sys.executable,
                 "-m",
-                "notifyq.bench.bare",
+                "notifyq_bench.bare",
                 self.url,
                 "--batch",
                 str(batch or self.sizes.bare_batch),
@@ -224,7 +224,7 @@ class Context:
                     sys.executable,
                     "-m",
                     "uvicorn",
-                    "notifyq.bench.bare_api:create_app",
+                    "notifyq_bench.bare_api:create_app",
                     "--factory",
                     "--host",
                     "127.0.0.1",
@@ -718,7 +718,7 @@ def _loadgen(workdir: Path, port: int, seconds: float, mode: list[str]) -> dict[
         [
             sys.executable,
             "-m",
-            "notifyq.bench.loadgen",
+            "notifyq_bench.loadgen",
             "http",
             "--port",
             str(port),
@@ -737,7 +737,7 @@ def _loadgen(workdir: Path, port: int, seconds: float, mode: list[str]) -> dict[
     if out.returncode != 0:
         raise BenchError("the load generator failed:\n" + out.stderr[-2000:])
     result: dict[str, Any] = json.loads(out.stdout)
-    result["tool"] = "notifyq.bench.loadgen"
+    result["tool"] = "notifyq_bench.loadgen"
     return result
 
 
@@ -770,7 +770,7 @@ def api(ctx: Context) -> None:
     notifyq_port = ctx.notifyq_api()
     bare_port = ctx.bare_api()
     raw: dict[str, Any] = {
-        "tool": "wrk" if shutil.which("wrk") else "notifyq.bench.loadgen",
+        "tool": "wrk" if shutil.which("wrk") else "notifyq_bench.loadgen",
         "connections": ctx.sizes.api_connections,
         "max": {"notifyq": [], "bare": []},
         "paced": {"notifyq": [], "bare": []},
@@ -1031,7 +1031,7 @@ def insert_rate(ctx: Context, seconds: float) -> dict[str, Any]:
         [
             sys.executable,
             "-m",
-            "notifyq.bench.loadgen",
+            "notifyq_bench.loadgen",
             "inserts",
             ctx.url,
             "--statement",

@@ -7,7 +7,7 @@ batch's completions in one fenced UPDATE; when a claim comes back short it waits
 notification. It works on ``bench.jobs``, a table shaped like ``notifyq.jobs`` (same columns,
 indexes, fillfactor and statement-level notify trigger), which :data:`SCHEMA` creates.
 
-Run as ``python -m notifyq.bench.bare CONNINFO --batch N``; it prints ``ready`` on stderr once
+Run as ``python -m notifyq_bench.bare CONNINFO --batch N``; it prints ``ready`` on stderr once
 it listens, and runs until it is terminated.
 """
 
@@ -124,7 +124,7 @@ def run(conninfo: str, batch: int, poll: float = 1.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m notifyq.bench.bare")
+    parser = argparse.ArgumentParser(prog="python -m notifyq_bench.bare")
     parser.add_argument("conninfo")
     parser.add_argument("--batch", type=int, default=50)
     args = parser.parse_args(argv)

@@ -18,7 +18,9 @@ from typing import Any
 import psycopg
 
 from notifyq import __version__
-from notifyq.bench.harness import (
+from notifyq.db import redact
+from notifyq.settings import DEFAULT_LOCAL_URL
+from notifyq_bench.harness import (
     BenchError,
     Children,
     Progress,
@@ -28,10 +30,8 @@ from notifyq.bench.harness import (
     sigterm_as_interrupt,
     source_revision,
 )
-from notifyq.bench.report import Results, matplotlib_missing, plot, text_table
-from notifyq.bench.scenarios import SCENARIOS, Context, Sizes
-from notifyq.db import redact
-from notifyq.settings import DEFAULT_LOCAL_URL
+from notifyq_bench.report import Results, matplotlib_missing, plot, text_table
+from notifyq_bench.scenarios import SCENARIOS, Context, Sizes
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
