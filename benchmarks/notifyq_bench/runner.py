@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = Sizes.of(args.quick)
     results = Results(meta=_meta(url, args, scenarios, repeat))
     busy = _check_quiet(results, "before")
-    total = sum(SCENARIOS[name][1](repeat, sizes) for name in scenarios)
+    total = sum(SCENARIOS[name].steps(repeat, sizes) for name in scenarios)
     progress = Progress(total, enabled=not args.quiet)
     failed: list[str] = []
     interrupted = False
@@ -212,16 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for name in scenarios:
                 progress.scenario = name
-                run, steps = SCENARIOS[name]
+                scenario = SCENARIOS[name]
                 before = progress.done
                 try:
-                    run(ctx)
+                    scenario.run(ctx)
                 except BenchError as exc:
                     failed.append(name)
                     ctx.note(f"{name} failed: {exc}")
                 finally:
                     ctx.stop_everything()
-                    progress.done = before + steps(repeat, sizes)
+                    progress.done = before + scenario.steps(repeat, sizes)
         except KeyboardInterrupt:
             interrupted = True
         except BenchError as exc:
