@@ -93,6 +93,40 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
     assert _processes_mentioning(scratch) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_history_scenario_fills_a_history_the_schema_accepts(tmp_path: Path) -> None:
+    # The history is inserted with notifyq's defaults trigger off, so every NOT NULL column
+    # without a default must be named by the bench itself.
+    url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "notifyq",
+            "bench",
+            "--quick",
+            "--quiet",
+            "--scenario",
+            "history",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=_bench_env(DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads(out.read_text())
+    assert results["meta"]["failed"] == []
+    figures = {f["key"]: f for f in results["figures"]}
+    assert figures["history.full"]["median"] > 0
+    assert figures["history.ratio"]["median"] > 0
+
+
 def _processes_mentioning(names: list[str]) -> list[int]:
     """Pids of processes whose command line or environment names one of ``names`` (every
     process the bench starts has its scratch database in one or the other)."""

@@ -67,12 +67,14 @@ def run(ctx: Context) -> None:
     with ctx.connect(hist_url) as conn:
         started = time.perf_counter()
         # History as workers would have left it: an INSERT may not name those columns, so the
-        # trigger that enforces it is off while this scratch database is filled.
+        # trigger that enforces it is off while this scratch database is filled. That trigger
+        # also fills in queue and priority, so they are named here.
         conn.execute("ALTER TABLE notifyq.jobs DISABLE TRIGGER jobs_accept")
         conn.execute(
-            "INSERT INTO notifyq.jobs (task, payload, status, max_attempts, attempt_count, "
-            "result, created_at, run_at, started_at, finished_at, worker_id) "
-            "SELECT %s, '{}'::jsonb, 'completed', 1, 1, 'null'::jsonb, t, t, t, "
+            "INSERT INTO notifyq.jobs (task, payload, queue, priority, status, max_attempts, "
+            "attempt_count, claims, result, created_at, run_at, started_at, finished_at, "
+            "worker_id) "
+            "SELECT %s, '{}'::jsonb, 'default', 0, 'completed', 1, 1, 1, 'null'::jsonb, t, t, t, "
             "t + interval '1 millisecond', 'bench-history' "
             "FROM (SELECT now() - make_interval(secs => g / 100.0) AS t "
             "      FROM generate_series(1, %s) AS g) AS s",
