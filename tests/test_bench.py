@@ -1,13 +1,21 @@
 """The benchmark harness runs end to end: a quick run of two scenarios exits 0, writes its JSON
-and leaves no scratch database or process behind. Speed is not asserted here."""
+and leaves no scratch database or process behind. Speed is not asserted here.
+
+The bench is a distribution of its own (benchmarks/, notifyq-bench) that CI does not install:
+these tests run it from this checkout, with benchmarks/ on the path.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,19 +23,36 @@ import pytest
 from notifyq.settings import DEFAULT_LOCAL_URL
 from tests.helpers import ROOT
 
+BENCH_ROOT = ROOT / "benchmarks"
+
+
+def _bench_env(**extra: str) -> dict[str, str]:
+    """The environment of a process that runs ``notifyq bench`` from this checkout, with the
+    bench importable whether it is installed or not."""
+    env = {**os.environ, **extra}
+    path = (str(BENCH_ROOT), str(ROOT), env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return env
+
+
+def _bench_module(name: str) -> ModuleType:
+    """The bench's module ``name``, imported from this checkout."""
+    if str(BENCH_ROOT) not in sys.path:
+        sys.path.insert(0, str(BENCH_ROOT))
+    return importlib.import_module(name)
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
     url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
     out = tmp_path / "out.json"
-    env = {**os.environ, "DATABASE_URL": url}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "notifyq.bench",
+            "notifyq",
+            "bench",
             "--quick",
             "--scenario",
             "latency,throughput",
@@ -35,7 +60,7 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
             str(out),
         ],
         cwd=tmp_path,
-        env=env,
+        env=_bench_env(DATABASE_URL=url),
         capture_output=True,
         text=True,
         timeout=280,
@@ -79,6 +104,40 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
     assert _processes_mentioning(scratch) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_history_scenario_fills_a_history_the_schema_accepts(tmp_path: Path) -> None:
+    # The history is inserted with notifyq's defaults trigger off, so every NOT NULL column
+    # without a default must be named by the bench itself.
+    url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "notifyq",
+            "bench",
+            "--quick",
+            "--quiet",
+            "--scenario",
+            "history",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=_bench_env(DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads(out.read_text())
+    assert results["meta"]["failed"] == []
+    figures = {f["key"]: f for f in results["figures"]}
+    assert figures["history.full"]["median"] > 0
+    assert figures["history.ratio"]["median"] > 0
+
+
 def _processes_mentioning(names: list[str]) -> list[int]:
     """Pids of processes whose command line or environment names one of ``names`` (every
     process the bench starts has its scratch database in one or the other)."""
@@ -97,11 +156,88 @@ def _processes_mentioning(names: list[str]) -> list[int]:
 
 def test_bench_refuses_an_unknown_scenario() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "notifyq.bench", "--scenario", "nope"],
+        [sys.executable, "-m", "notifyq", "bench", "--scenario", "nope"],
         cwd=ROOT,
+        env=_bench_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
     assert "unknown scenario" in done.stderr
+
+
+def test_notifyq_bench_says_how_to_install_the_bench_when_it_is_missing() -> None:
+    # As if notifyq-bench were not installed, also where it is.
+    script = (
+        "import sys; sys.modules['notifyq_bench'] = None; "
+        "from notifyq.cli import main; sys.exit(main(['bench', '--help']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=_bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "notifyq bench: needs notifyq-bench; from a source checkout: pip install -e ./benchmarks"
+    ]
+
+
+async def test_the_floor_table_has_the_columns_indexes_and_checks_of_notifyq_jobs(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    # The bare loop is a floor only while its table costs what notifyq.jobs costs to write: a
+    # change of schema in sql/ that bench.jobs does not follow fails here. Column defaults are
+    # left out (notifyq's defaults trigger fills queue and priority; the floor has none), and
+    # so are the triggers (the floor's notify trigger is its own, bare one).
+    bare = _bench_module("notifyq_bench.bare")
+    await conn.execute(bare.SCHEMA.encode())
+    real = await _table_shape(conn, "notifyq")
+    assert real["columns"] and real["indexes"] and real["checks"] and real["options"]
+    assert await _table_shape(conn, "bench") == real
+
+
+async def _table_shape(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str, Any]:
+    """What a write to ``schema``.jobs pays for: columns in order with their types and
+    nullability, index definitions (without their names), CHECK clauses and storage options."""
+    columns = await (
+        await conn.execute(
+            "SELECT column_name, data_type, datetime_precision, is_nullable "
+            "FROM information_schema.columns WHERE table_schema = %s AND table_name = 'jobs' "
+            "ORDER BY ordinal_position",
+            [schema],
+        )
+    ).fetchall()
+    indexes = await (
+        await conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE schemaname = %s AND tablename = 'jobs'",
+            [schema],
+        )
+    ).fetchall()
+    checks = await (
+        await conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = %s::regclass AND contype = 'c'",
+            [f"{schema}.jobs"],
+        )
+    ).fetchall()
+    options = await (
+        await conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [f"{schema}.jobs"]
+        )
+    ).fetchone()
+    assert options is not None
+    prefix = re.compile(r"^CREATE (UNIQUE )?INDEX \S+ ON \S+ ")
+    return {
+        "columns": columns,
+        "indexes": sorted(prefix.sub(r"CREATE \1INDEX ON jobs ", d) for _, d in indexes),
+        # NOT VALID only says that rows from before the constraint went unchecked.
+        "checks": sorted(c.removesuffix(" NOT VALID") for (c,) in checks),
+        "options": sorted(options[0] or []),
+    }

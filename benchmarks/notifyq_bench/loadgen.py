@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from notifyq.bench.stats import percentiles
+from notifyq_bench.stats import percentiles
 
 #: Most connections the paced mode opens.
 MAX_PACED_CONNECTIONS = 256
@@ -213,7 +213,7 @@ def insert_clients(conninfo: str, statement: str, clients: int, seconds: float) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m notifyq.bench.loadgen")
+    parser = argparse.ArgumentParser(prog="python -m notifyq_bench.loadgen")
     commands = parser.add_subparsers(dest="command", required=True)
     http = commands.add_parser("http")
     http.add_argument("--host", default="127.0.0.1")

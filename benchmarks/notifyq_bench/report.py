@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from notifyq.bench.stats import median
+from notifyq_bench.stats import median
 
 #: The unit of figures that are ratios, shown as a multiplication sign before the number.
 RATIO = "ratio"
@@ -198,7 +198,8 @@ def matplotlib_missing() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib: pip install matplotlib (or the notifyq[bench] extra)"
+        # Installed, notifyq-bench depends on it; run from a checkout, it may be missing.
+        return "--plot needs matplotlib: pip install matplotlib (or pip install -e ./benchmarks)"
     return None
 
 

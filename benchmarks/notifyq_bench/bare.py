@@ -4,10 +4,13 @@ One process, one autocommit connection that also LISTENs. It claims a batch with
 ``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) UPDATE ... RETURNING`` statement,
 "runs" each job (records the wall-clock time, like the bench's stamp handler), and writes the
 batch's completions in one fenced UPDATE; when a claim comes back short it waits for a
-notification. It works on ``bench.jobs``, a table shaped like ``notifyq.jobs`` (same columns,
-indexes, fillfactor and statement-level notify trigger), which :data:`SCHEMA` creates.
+notification. It works on ``bench.jobs``, which :data:`SCHEMA` creates: a table that costs
+what ``notifyq.jobs`` costs to write, with the same columns, CHECK constraints, indexes and
+storage options (tests/test_bench.py compares the two, so a schema change in ``sql/`` must be
+followed here), and a bare statement-level notify trigger. Unlike notifyq's, its queue,
+priority and max_attempts have column defaults: there is no defaults trigger to fill them in.
 
-Run as ``python -m notifyq.bench.bare CONNINFO --batch N``; it prints ``ready`` on stderr once
+Run as ``python -m notifyq_bench.bare CONNINFO --batch N``; it prints ``ready`` on stderr once
 it listens, and runs until it is terminated.
 """
 
@@ -30,14 +33,15 @@ SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS bench;
 CREATE TABLE bench.jobs (
     id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    task             text NOT NULL,
-    queue            text NOT NULL DEFAULT 'default',
-    payload          jsonb NOT NULL DEFAULT '{}'::jsonb,
-    status           text NOT NULL DEFAULT 'queued',
+    task             text NOT NULL CHECK (length(task) BETWEEN 1 AND 200),
+    queue            text NOT NULL DEFAULT 'default' CHECK (length(queue) BETWEEN 1 AND 200),
+    payload          jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(payload) = 'object'),
+    status           text NOT NULL DEFAULT 'queued'
+                     CHECK (status IN ('queued', 'processing', 'completed', 'failed', 'cancelled')),
     priority         integer NOT NULL DEFAULT 0,
     run_at           timestamptz NOT NULL DEFAULT now(),
-    attempt_count    integer NOT NULL DEFAULT 0,
-    max_attempts     integer NOT NULL DEFAULT 1,
+    attempt_count    integer NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
+    max_attempts     integer NOT NULL DEFAULT 1 CHECK (max_attempts >= 1),
     dedup_key        text,
     result           jsonb,
     last_error       text,
@@ -46,12 +50,30 @@ CREATE TABLE bench.jobs (
     started_at       timestamptz,
     finished_at      timestamptz,
     worker_id        text,
-    lease_expires_at timestamptz
+    lease_expires_at timestamptz,
+    cancel_requested_at timestamptz,
+    claims           integer NOT NULL DEFAULT 0 CHECK (claims >= 0),
+    heartbeat_at     timestamptz,
+    lost_count       integer NOT NULL DEFAULT 0 CHECK (lost_count >= 0),
+    CONSTRAINT jobs_times_in_range CHECK (
+        run_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'
+        AND created_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'
+        AND (started_at IS NULL
+             OR started_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
+        AND (finished_at IS NULL
+             OR finished_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
+        AND (lease_expires_at IS NULL
+             OR lease_expires_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
+        AND (heartbeat_at IS NULL
+             OR heartbeat_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
+        AND (cancel_requested_at IS NULL
+             OR cancel_requested_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00')
+    )
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 1);
 CREATE INDEX ON bench.jobs (priority DESC, run_at, id) WHERE status = 'queued';
 CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued';
-CREATE INDEX ON bench.jobs (lease_expires_at) WHERE status = 'processing';
+CREATE INDEX ON bench.jobs (lease_expires_at NULLS FIRST) WHERE status = 'processing';
 CREATE UNIQUE INDEX ON bench.jobs (queue, dedup_key)
     WHERE status = 'queued' AND dedup_key IS NOT NULL;
 CREATE INDEX ON bench.jobs (created_at DESC, id DESC);
@@ -124,7 +146,7 @@ def run(conninfo: str, batch: int, poll: float = 1.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m notifyq.bench.bare")
+    parser = argparse.ArgumentParser(prog="python -m notifyq_bench.bare")
     parser.add_argument("conninfo")
     parser.add_argument("--batch", type=int, default=50)
     args = parser.parse_args(argv)

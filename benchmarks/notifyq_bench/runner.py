@@ -18,7 +18,9 @@ from typing import Any
 import psycopg
 
 from notifyq._version import __version__
-from notifyq.bench.harness import (
+from notifyq.db import redact
+from notifyq.settings import DEFAULT_LOCAL_URL
+from notifyq_bench.harness import (
     BenchError,
     Children,
     Progress,
@@ -28,10 +30,8 @@ from notifyq.bench.harness import (
     sigterm_as_interrupt,
     source_revision,
 )
-from notifyq.bench.report import Results, matplotlib_missing, plot, text_table
-from notifyq.bench.scenarios import SCENARIOS, Context, Sizes
-from notifyq.db import redact
-from notifyq.settings import DEFAULT_LOCAL_URL
+from notifyq_bench.report import Results, matplotlib_missing, plot, text_table
+from notifyq_bench.scenarios import SCENARIOS, Context, Sizes
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = Sizes.of(args.quick)
     results = Results(meta=_meta(url, args, scenarios, repeat))
     busy = _check_quiet(results, "before")
-    total = sum(SCENARIOS[name][1](repeat, sizes) for name in scenarios)
+    total = sum(SCENARIOS[name].steps(repeat, sizes) for name in scenarios)
     progress = Progress(total, enabled=not args.quiet)
     failed: list[str] = []
     interrupted = False
@@ -212,16 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for name in scenarios:
                 progress.scenario = name
-                run, steps = SCENARIOS[name]
+                scenario = SCENARIOS[name]
                 before = progress.done
                 try:
-                    run(ctx)
+                    scenario.run(ctx)
                 except BenchError as exc:
                     failed.append(name)
                     ctx.note(f"{name} failed: {exc}")
                 finally:
                     ctx.stop_everything()
-                    progress.done = before + steps(repeat, sizes)
+                    progress.done = before + scenario.steps(repeat, sizes)
         except KeyboardInterrupt:
             interrupted = True
         except BenchError as exc:

@@ -1,4 +1,4 @@
-"""The handlers the bench's workers run (``notifyq worker --import notifyq.bench.tasks``).
+"""The handlers the bench's workers run (``notifyq worker --import notifyq_bench.tasks``).
 
 Importing this module registers them with ``@notifyq.task`` and does nothing else.
 """

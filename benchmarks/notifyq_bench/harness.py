@@ -20,12 +20,17 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from notifyq.bench import bare
+import notifyq
 from notifyq.db import redact
+from notifyq_bench import bare
 
 SCRATCH_PREFIX = "notifyq_bench_"
-#: The folder that holds the notifyq package, put on the children's PYTHONPATH.
-SOURCE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+#: The folder that holds the notifyq package being measured (a source checkout, or
+#: site-packages): first on the children's PYTHONPATH, and where its git revision is read.
+NOTIFYQ_ROOT = str(Path(notifyq.__file__).resolve().parent.parent)
+#: The folder that holds this package: the children import its tasks, floors and load
+#: generators, also when the bench runs from a checkout without being installed.
+BENCH_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 class BenchError(Exception):
@@ -148,7 +153,8 @@ def _die_with_parent() -> None:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH", "")) if p)
+    roots = dict.fromkeys((NOTIFYQ_ROOT, BENCH_ROOT, env.get("PYTHONPATH", "")))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in roots if p)
     for key in ("NOTIFYQ_IMPORT", "NOTIFYQ_QUEUES", "NOTIFYQ_CONCURRENCY", "NOTIFYQ_API_TOKEN"):
         env.pop(key, None)
     env.update(extra)
@@ -164,7 +170,8 @@ class Child:
         self.log_path = logdir / f"{name}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         # Started in the log folder: ``python -m`` puts its working folder first on sys.path,
-        # and the children must import the same notifyq as the bench (SOURCE_ROOT).
+        # and the children must import the same notifyq and bench as this process
+        # (NOTIFYQ_ROOT, BENCH_ROOT).
         self.proc = subprocess.Popen(
             argv,
             env=env,
@@ -328,14 +335,14 @@ def source_revision() -> str | None:
     """The git commit of the notifyq being measured, with ``+dirty`` when its files differ."""
     try:
         head = subprocess.run(
-            ["git", "-C", SOURCE_ROOT, "rev-parse", "--short", "HEAD"],
+            ["git", "-C", NOTIFYQ_ROOT, "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", SOURCE_ROOT, "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", NOTIFYQ_ROOT, "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
             timeout=10,

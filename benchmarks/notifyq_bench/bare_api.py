@@ -1,11 +1,11 @@
 """The floor of the API: a bare FastAPI app whose one endpoint does one INSERT.
 
 ``POST /jobs`` validates ``{"task": ..., "payload": {...}}`` with a small pydantic model and
-inserts it into ``bench.jobs`` (the queue-shaped table of :mod:`notifyq.bench.bare`, with the
+inserts it into ``bench.jobs`` (the queue-shaped table of :mod:`notifyq_bench.bare`, with the
 same kind of notify trigger) through a psycopg pool of the size notifyq's API uses. Served by
 one uvicorn process::
 
-    NOTIFYQ_BENCH_CONNINFO=... python -m uvicorn notifyq.bench.bare_api:create_app --factory
+    NOTIFYQ_BENCH_CONNINFO=... python -m uvicorn notifyq_bench.bare_api:create_app --factory
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``notifyq bench``: measures notifyq against the targets of its performance issue.
+"""notifyq-bench, ``notifyq bench``: measures notifyq against the targets of its performance
+issue. A distribution of its own, so that the notifyq wheel carries no benchmark code; notifyq's
+command line delegates ``notifyq bench`` here when this package is importable.
 
 The scenarios (``latency``, ``throughput``, ``api``, ``batch``, ``insert-trigger``, ``history``,
 ``memory`` and ``concurrency``) run against scratch databases that the bench creates on the
@@ -6,9 +8,9 @@ server it is given and drops at the end. Each figure is measured ``--repeat`` ti
 as median [min-max] next to its target and, where there is one, next to a floor measured in the
 same run: a bare psycopg loop for the worker and a bare FastAPI endpoint for the API.
 
-Importing this package does nothing; :func:`main` is the entry point (``python -m notifyq.bench``
+Importing this package does nothing; :func:`main` is the entry point (``python -m notifyq_bench``
 or ``notifyq bench``). The handlers that the bench's workers run live in
-:mod:`notifyq.bench.tasks`.
+:mod:`notifyq_bench.tasks`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,6 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the bench with command-line arguments ``argv`` (everything after ``notifyq bench``)
     and answers the exit code."""
-    from notifyq.bench.runner import main as run
+    from notifyq_bench.runner import main as run
 
     return run(argv)

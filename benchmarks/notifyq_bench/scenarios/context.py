@@ -1,0 +1,227 @@
+"""What every scenario is given: the sizes of a run and the :class:`Context` (scratch
+database, the processes it starts, the results); and the :class:`Scenario` type of the
+registry."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from notifyq_bench.harness import Child, Children, Progress, child_env, free_port, wait_http
+from notifyq_bench.report import Results
+
+TASKS_MODULE = "notifyq_bench.tasks"
+NOTIFYQ_JOBS = sql.SQL("notifyq.jobs")
+BARE_JOBS = sql.SQL("bench.jobs")
+WORKER_CONCURRENCY = 50
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each scenario does; ``--quick`` shrinks everything."""
+
+    idle_seconds: float
+    burst: int
+    drain_jobs: int
+    memory_jobs: int
+    api_seconds: float
+    api_connections: int
+    batch_calls: int
+    batch_size: int
+    insert_seconds: float
+    history_rows: int
+    history_queued: int
+    claim_reps: int
+    levels: tuple[int, ...]
+    level_jobs_per_slot: int
+    bare_batch: int
+
+    @classmethod
+    def of(cls, quick: bool) -> Sizes:
+        if quick:
+            return cls(
+                idle_seconds=2.0,
+                burst=100,
+                drain_jobs=5_000,
+                memory_jobs=3_000,
+                api_seconds=2.0,
+                api_connections=32,
+                batch_calls=5,
+                batch_size=1_000,
+                insert_seconds=2.0,
+                history_rows=100_000,
+                history_queued=1_000,
+                claim_reps=100,
+                levels=(1, 50),
+                level_jobs_per_slot=40,
+                bare_batch=500,
+            )
+        return cls(
+            idle_seconds=10.0,
+            burst=100,
+            drain_jobs=50_000,
+            memory_jobs=20_000,
+            api_seconds=6.0,
+            api_connections=32,
+            batch_calls=50,
+            batch_size=1_000,
+            insert_seconds=6.0,
+            history_rows=1_000_000,
+            history_queued=1_000,
+            claim_reps=500,
+            levels=(1, 10, 50, 100),
+            level_jobs_per_slot=200,
+            bare_batch=500,
+        )
+
+
+@dataclass
+class Context:
+    """What every scenario needs: the scratch database, the processes, the results."""
+
+    url: str
+    scratch_url: Callable[[str], str]
+    repeat: int
+    sizes: Sizes
+    children: Children
+    progress: Progress
+    results: Results
+    workdir: Path
+    _servers: dict[str, int] = field(default_factory=dict)
+    servers: dict[str, Child] = field(default_factory=dict)
+
+    def connect(self, url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
+        return psycopg.connect(url or self.url, autocommit=True, **kwargs)
+
+    def step(self, what: str) -> None:
+        self.progress.show(what)
+
+    def done(self, what: str = "") -> None:
+        self.progress.advance()
+        if what:
+            self.progress.show(what)
+
+    def note(self, text: str) -> None:
+        self.results.notes.append(text)
+        self.progress.say("note: " + text)
+
+    # -- processes -------------------------------------------------------------------------
+
+    def start_workers(
+        self, count: int, concurrency: int, url: str | None = None, **env: str
+    ) -> list[Child]:
+        """``count`` worker processes, returned once every one logged that it is ready."""
+        workers = []
+        for index in range(count):
+            workers.append(
+                self.children.start(
+                    f"worker{index}-c{concurrency}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "notifyq",
+                        "worker",
+                        "--import",
+                        TASKS_MODULE,
+                        "--concurrency",
+                        str(concurrency),
+                    ],
+                    child_env(
+                        DATABASE_URL=url or self.url,
+                        NOTIFYQ_LOG_LEVEL="INFO",
+                        NOTIFYQ_SHUTDOWN_GRACE="1",
+                        **env,
+                    ),
+                )
+            )
+        for worker in workers:
+            worker.wait_for(r"\bready\b")
+        return workers
+
+    def start_bare_loop(self, batch: int | None = None) -> Child:
+        child = self.children.start(
+            "bare-loop",
+            [
+                sys.executable,
+                "-m",
+                "notifyq_bench.bare",
+                self.url,
+                "--batch",
+                str(batch or self.sizes.bare_batch),
+            ],
+            child_env(),
+        )
+        child.wait_for(r"\bready\b")
+        return child
+
+    def notifyq_api(self) -> int:
+        """The port of ``notifyq serve --no-worker`` on the scratch database (one uvicorn
+        process), started on first use."""
+        if "notifyq" not in self._servers:
+            port = free_port()
+            child = self.children.start(
+                "notifyq-api",
+                [
+                    sys.executable,
+                    "-m",
+                    "notifyq",
+                    "serve",
+                    "--no-worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                child_env(DATABASE_URL=self.url, NOTIFYQ_LOG_LEVEL="WARNING"),
+            )
+            wait_http(port, "/health", child)
+            self._servers["notifyq"] = port
+            self.servers["notifyq"] = child
+        return self._servers["notifyq"]
+
+    def bare_api(self) -> int:
+        """The port of the bare FastAPI endpoint (one uvicorn process), started on first use."""
+        if "bare" not in self._servers:
+            port = free_port()
+            child = self.children.start(
+                "bare-api",
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "notifyq_bench.bare_api:create_app",
+                    "--factory",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                child_env(NOTIFYQ_BENCH_CONNINFO=self.url),
+            )
+            wait_http(port, "/health", child)
+            self._servers["bare"] = port
+            self.servers["bare"] = child
+        return self._servers["bare"]
+
+    def stop_everything(self) -> None:
+        self.children.stop_all()
+        self._servers.clear()
+        self.servers.clear()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A scenario of the registry: its name on the command line, what runs it, and how many
+    progress steps it takes at a repeat count and sizes (for the progress bar)."""
+
+    name: str
+    run: Callable[[Context], None]
+    steps: Callable[[int, Sizes], int]
