@@ -29,7 +29,6 @@ from uuid import UUID
 
 import anyio
 import anyio.to_thread
-import psycopg
 from fastapi import Depends, FastAPI, Query, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -45,7 +44,15 @@ from starlette.requests import ClientDisconnect
 from notifyq import guards
 from notifyq._version import __version__
 from notifyq.db import database_url, first_line, open_pool
-from notifyq.errors import ConfigurationError, DatabaseUnavailable, InvalidJob
+from notifyq.errors import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidJob,
+    NotifyQError,
+    RefusedInput,
+    SchemaMismatch,
+)
 from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
 from notifyq.migrations import latest_version, migrate
 from notifyq.models import (
@@ -652,7 +659,7 @@ def create_app(
         try:
             with anyio.fail_after(HEALTH_TIMEOUT):
                 version = await _store(request).schema_version()
-        except (DatabaseUnavailable, TimeoutError, psycopg.Error) as exc:
+        except (NotifyQError, TimeoutError) as exc:
             body.update(database=str(exc) or "timed out", migrations="unknown")
         else:
             latest = latest_version()
@@ -684,7 +691,7 @@ def create_app(
         async with scraping:
             if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
                 store = _store(request)
-                with contextlib.suppress(DatabaseUnavailable, psycopg.Error, TimeoutError):
+                with contextlib.suppress(NotifyQError, TimeoutError):
                     with anyio.fail_after(HEALTH_TIMEOUT):
                         metrics.know_tasks(row["name"] for row in await store.list_tasks())
                         metrics.set_depth(await store.queue_stats())
@@ -1005,16 +1012,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def refused(request: Request, exc: Exception) -> JSONResponse:
         # Input the validation let through but PostgreSQL refused: still the client's input.
-        assert isinstance(exc, psycopg.Error)
-        if isinstance(exc, psycopg.errors.QueryCanceled):
-            return await unavailable(request, DatabaseUnavailable("the database is too busy"))
-        if isinstance(exc, (psycopg.errors.DataError, psycopg.errors.IntegrityError)):
-            return JSONResponse(
-                {"detail": f"the database refused the input: {first_line(exc)}"},
-                status_code=422,
-            )
-        logger.exception("unexpected database error")
-        return JSONResponse({"detail": "internal database error"}, status_code=500)
+        return JSONResponse({"detail": f"the database refused the input: {exc}"}, status_code=422)
+
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        # A statement the database refused for another reason: a bug, or a schema that is
+        # not current. Logged with its cause; the client learns only that it is not its fault.
+        logger.error("database error: %s", exc, exc_info=exc)
+        detail = str(exc) if isinstance(exc, SchemaMismatch) else "internal database error"
+        return JSONResponse({"detail": detail}, status_code=500)
 
     async def unreadable(request: Request, exc: Exception) -> Response:
         # FastAPI answers a bare 400 when json.loads raises something other than a syntax
@@ -1036,7 +1041,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(DatabaseUnavailable, unavailable)
     app.add_exception_handler(InvalidJob, invalid)
-    app.add_exception_handler(psycopg.Error, refused)
+    app.add_exception_handler(RefusedInput, refused)
+    app.add_exception_handler(DatabaseError, failed)
 
 
 # -- body size ----------------------------------------------------------------------------

@@ -288,12 +288,7 @@ def _one_line(exc: BaseException) -> str | None:
 
     if isinstance(exc, NotifyQError):
         return str(exc)
-    if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)):
-        return (
-            f"{first_line(exc)}: this database has no notifyq schema, or an older one; "
-            "run `notifyq migrate`"
-        )
-    if isinstance(exc, psycopg.Error):
+    if isinstance(exc, psycopg.Error):  # from a statement outside the store
         return f"database error: {first_line(exc)}"
     for inner in getattr(exc, "exceptions", ()):
         found = _one_line(inner)

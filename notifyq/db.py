@@ -19,7 +19,15 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
-from notifyq.errors import ConfigurationError, DatabaseUnavailable
+from notifyq.errors import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailable,
+    NotifyQError,
+    RefusedInput,
+    SchemaMismatch,
+    StatementTimeout,
+)
 from notifyq.models import decode_stored_json
 from notifyq.settings import Settings
 
@@ -131,17 +139,47 @@ def is_connection_error(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def translate_errors(what: str) -> Iterator[None]:
-    """Turns connection-level failures inside the block into DatabaseUnavailable."""
+    """The one seam where the driver's errors become notifyq's (see :mod:`notifyq.errors`),
+    chained as ``__cause__``: callers handle :class:`~notifyq.errors.NotifyQError` only."""
     try:
         yield
-    except DatabaseUnavailable:
+    except NotifyQError:
         raise
     except Exception as exc:
-        if is_connection_error(exc):
-            raise DatabaseUnavailable(
-                f"{what}: the database is unavailable ({first_line(exc)})"
-            ) from exc
-        raise
+        translated = translated_error(exc, what)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def translated_error(exc: BaseException, what: str) -> NotifyQError | None:
+    """The notifyq error that stands for a driver error, or None for an error that is not the
+    driver's (a bug of ours, which keeps its own type)."""
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return StatementTimeout(
+            f"{what}: the database did not answer within the statement timeout ({first_line(exc)})"
+        )
+    if is_connection_error(exc):
+        return DatabaseUnavailable(f"{what}: the database is unavailable ({first_line(exc)})")
+    if not isinstance(exc, psycopg.Error):
+        return None
+    code = exc.sqlstate
+    if isinstance(
+        exc,
+        (
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.UndefinedFunction,
+            psycopg.errors.InvalidSchemaName,
+        ),
+    ):
+        return SchemaMismatch(
+            f"{what}: {first_line(exc)}: this database has no notifyq schema, or an older one; "
+            "run `notifyq migrate`",
+            sqlstate=code,
+        )
+    if isinstance(exc, (psycopg.errors.DataError, psycopg.errors.IntegrityError)):
+        return RefusedInput(f"{what}: {first_line(exc)}", sqlstate=code)
+    return DatabaseError(f"{what}: the database refused it: {first_line(exc)}", sqlstate=code)
 
 
 def first_line(exc: BaseException) -> str:

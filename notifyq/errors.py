@@ -21,6 +21,30 @@ class DatabaseUnavailable(NotifyQError):
     operation may be retried once the database is back."""
 
 
+class StatementTimeout(DatabaseUnavailable):
+    """Raised when a statement ran past NOTIFYQ_STATEMENT_TIMEOUT and PostgreSQL cancelled it:
+    the database is too busy (or locked) to answer in time; retry later."""
+
+
+class DatabaseError(NotifyQError):
+    """Raised when the database refused a statement for a reason other than its connection;
+    ``sqlstate`` is PostgreSQL's code for it."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class RefusedInput(DatabaseError):
+    """Raised when PostgreSQL refused the values of a statement (a data exception or an
+    integrity violation, such as a time out of range or a column only workers may set)."""
+
+
+class SchemaMismatch(DatabaseError):
+    """Raised when a table or function notifyq needs is missing: the database has no notifyq
+    schema, or an older one (run ``notifyq migrate``)."""
+
+
 class MigrationError(NotifyQError):
     """Raised when the schema cannot be brought up to date, or when an applied migration file
     was changed after it ran."""

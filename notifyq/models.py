@@ -74,7 +74,14 @@ class Job:
         """A job from a ``dict_row`` of the jobs table."""
         values = dict(row)
         values["status"] = JobStatus(values["status"])
+        if not isinstance(values.get("errors"), list):
+            values["errors"] = []  # a stored value that could not be decoded
         return cls(**values)
+
+    @classmethod
+    def of(cls, **columns: Any) -> Job:
+        """A job from a row of the jobs table (a ``kwargs_row`` factory)."""
+        return cls.from_row(columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,20 @@ class EnqueueResult:
     duplicate: bool
     run_at: datetime
     created_at: datetime
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        job_id: UUID,
+        status: str,
+        duplicate: bool,
+        run_at: datetime,
+        created_at: datetime,
+        ord: int | None = None,
+    ) -> EnqueueResult:
+        """The result from a row of the enqueue functions (a ``kwargs_row`` factory)."""
+        return cls(job_id, JobStatus(status), duplicate, run_at, created_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,3 +348,93 @@ class ClaimedJob:
     #: hold must not make the claim itself fail.
     created_at: float
     run_at: float
+
+
+# -- what a worker reports about the jobs it holds ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A job a worker holds: its id and the claim number that fences its writes."""
+
+    job_id: UUID
+    claim: int
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    """A finished attempt, its result already encoded as JSON. ``claim`` is the claim number
+    that fences the write (see notifyq.holds_v1)."""
+
+    job_id: UUID
+    claim: int
+    result_json: str
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt: retried after ``delay`` seconds while attempts are left and it is
+    ``retryable``, else final."""
+
+    job_id: UUID
+    claim: int
+    error: str
+    retryable: bool
+    delay: float
+    seconds: float = 0.0
+
+
+class OutcomeKind(str, Enum):
+    """What became of an attempt, as a worker writes it (and names it in logs and metrics)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Rescued:
+    """A job whose lease ran out, the status the rescue gave it, and whether the attempt
+    counted (False: no heartbeat had confirmed its handler running, so it was given back)."""
+
+    job_id: UUID
+    status: JobStatus
+    counted: bool = True
+
+    @classmethod
+    def of(cls, *, id: UUID, status: str, counted: bool) -> Rescued:
+        """From a row of notifyq.rescue_v2 (a ``kwargs_row`` factory)."""
+        return cls(id, JobStatus(status), counted)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What a cancel request found (``was``) and left (``now``): ``now`` is still
+    ``processing`` when the job's worker was asked to stop it."""
+
+    was: JobStatus
+    now: JobStatus
+
+    @classmethod
+    def of(cls, *, was: str, status: str) -> Cancelled:
+        """From the row of notifyq.cancel_job_v1 (a ``kwargs_row`` factory)."""
+        return cls(JobStatus(was), JobStatus(status))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRegistration:
+    """What a worker records about a task it serves (notifyq.tasks): its options as JSON, its
+    limits and its circuit breaker."""
+
+    name: str
+    max_attempts: int | None
+    options_json: str
+    breaker_threshold: int | None
+    breaker_cooldown: float
+    max_concurrency: int | None
+    rate_limit: float | None

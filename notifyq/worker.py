@@ -38,14 +38,29 @@ from cronsim import CronSim
 
 from notifyq.builtins import worker_registry
 from notifyq.context import JobContext
-from notifyq.db import connect_kwargs, database_url, first_line, is_connection_error, open_pool
-from notifyq.errors import DatabaseUnavailable, InvalidJob, PermanentFailure
+from notifyq.db import connect_kwargs, database_url, first_line, open_pool
+from notifyq.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidJob,
+    NotifyQError,
+    PermanentFailure,
+)
 from notifyq.metrics import Metrics
-from notifyq.models import ClaimedJob, JobStatus, Undecodable, encode_json
+from notifyq.models import (
+    ClaimedJob,
+    Failure,
+    Held,
+    JobStatus,
+    Success,
+    TaskRegistration,
+    Undecodable,
+    encode_json,
+)
 from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, Listener
 from notifyq.retry import Backoff, CircuitBreaker
 from notifyq.settings import Settings
-from notifyq.store import Failure, Held, Store, Success
+from notifyq.store import Store
 from notifyq.tasks import Registry, Task
 
 logger = logging.getLogger(__name__)
@@ -276,7 +291,18 @@ class Worker:
     async def _register_tasks(self) -> None:
         assert self._store is not None
         for task in self.registry:
-            await self._store.register_task(task, self._breaker(task))
+            breaker = self._breaker(task)
+            await self._store.register_task(
+                TaskRegistration(
+                    name=task.name,
+                    max_attempts=task.max_attempts,
+                    options_json=task.options_json(),
+                    breaker_threshold=breaker.threshold if breaker else None,
+                    breaker_cooldown=breaker.cooldown if breaker else 30.0,
+                    max_concurrency=task.max_concurrency,
+                    rate_limit=task.rate_limit,
+                )
+            )
 
     # -- producer --------------------------------------------------------------------------
 
@@ -337,7 +363,7 @@ class Worker:
                     lease=settings.lease_seconds,
                 )
                 failures = 0
-            except (DatabaseUnavailable, psycopg.Error) as exc:
+            except NotifyQError as exc:
                 failures += 1
                 delay = min(0.2 * 2**failures, settings.poll_interval)
                 logger.warning("claim failed (%s); retrying in %.1fs", first_line(exc), delay)
@@ -374,7 +400,7 @@ class Worker:
                 limit=limit,
                 lease=self.settings.lease_seconds,
             )
-        except (DatabaseUnavailable, psycopg.Error) as exc:
+        except NotifyQError as exc:
             logger.warning("limited claim failed: %s", first_line(exc))
             return []
 
@@ -384,7 +410,7 @@ class Worker:
         timeout = self.settings.poll_interval
         try:
             due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
-        except (DatabaseUnavailable, psycopg.Error):
+        except NotifyQError:
             due = None
         if due is not None:
             timeout = min(timeout, max(due, 0.0))
@@ -408,7 +434,7 @@ class Worker:
             sure = await self._store.mark_waiting(
                 self.id, self._queues, self.settings.lease_seconds
             )
-        except (DatabaseUnavailable, psycopg.Error) as exc:
+        except NotifyQError as exc:
             logger.warning("could not mark the worker idle (%s); polling", first_line(exc))
             return False
         self._waiting, self._waiting_sure = True, sure
@@ -419,7 +445,7 @@ class Worker:
         self._waiting = self._waiting_sure = False
         try:
             await self._store.unmark_waiting(self.id)
-        except (DatabaseUnavailable, psycopg.Error) as exc:
+        except NotifyQError as exc:
             logger.debug("could not unmark the worker (%s); its mark expires", first_line(exc))
 
     def _on_connect(self) -> None:
@@ -451,7 +477,7 @@ class Worker:
                 )
                 for job in claimed:
                     self._start(job)
-        except (DatabaseUnavailable, psycopg.Error) as exc:
+        except NotifyQError as exc:
             logger.warning("circuit breaker probe failed: %s", first_line(exc))
 
     def _start(self, job: ClaimedJob) -> None:
@@ -670,9 +696,7 @@ class Worker:
         others."""
         try:
             return await write(self.id, batch)
-        except psycopg.Error as exc:
-            if is_connection_error(exc):
-                raise
+        except DatabaseError as exc:
             logger.error(
                 "batch write refused (%s); writing %d item(s) one by one",
                 first_line(exc),
@@ -681,9 +705,7 @@ class Worker:
         for item in batch:
             try:
                 part = await write(self.id, [item])
-            except psycopg.Error as exc:
-                if is_connection_error(exc):
-                    raise
+            except DatabaseError as exc:
                 logger.error(
                     "job %s: the database refused its outcome: %s", item.job_id, first_line(exc)
                 )
@@ -803,7 +825,7 @@ class Worker:
             for duty in (self._heartbeat, self._rescue):
                 try:
                     await duty()
-                except (DatabaseUnavailable, psycopg.Error) as exc:
+                except NotifyQError as exc:
                     logger.warning("%s failed: %s", duty.__name__.strip("_"), first_line(exc))
 
     async def _heartbeat(self) -> None:
@@ -869,7 +891,7 @@ class Worker:
                 if self._report_depth:
                     assert self._metrics is not None
                     self._metrics.set_depth(await self._store.queue_stats())
-            except (DatabaseUnavailable, psycopg.Error) as exc:
+            except NotifyQError as exc:
                 logger.warning("housekeeping failed: %s", first_line(exc))
             pause = max(next_prune - time.monotonic(), 0.05)
             await anyio.sleep(min(pause, DEPTH_INTERVAL) if self._report_depth else pause)
@@ -903,7 +925,7 @@ class Worker:
                         last[task.name] = tick
                 upcoming = min(next(iter(CronSim(t.cron or "", now))) for t in self._periodic)
                 pause = (upcoming - now).total_seconds()
-            except (DatabaseUnavailable, psycopg.Error) as exc:
+            except NotifyQError as exc:
                 logger.warning("periodic scheduling failed: %s", first_line(exc))
                 pause = 5.0
             await anyio.sleep(min(max(pause, 0.05), 60.0))

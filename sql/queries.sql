@@ -19,7 +19,7 @@ SELECT d.task, %(payload)s::jsonb, d.queue, d.priority,
 FROM notifyq.job_defaults_v1(ARRAY[%(task)s::text], ARRAY[NULL::jsonb], ARRAY[%(queue)s::text],
                              ARRAY[%(priority)s::integer], ARRAY[%(max_attempts)s::integer],
                              %(fallback)s::integer) AS d
-RETURNING id, false, status, run_at, created_at
+RETURNING id AS job_id, false AS duplicate, status, run_at, created_at
 
 -- Many jobs without dedup keys, their tasks named: one INSERT ... SELECT, defaults from
 -- notifyq.job_defaults_v1. The ids are made here and answered as one array in input order
@@ -74,70 +74,55 @@ WHERE id = %(id)s;
 
 -- See notifyq.claim_v2 (sql/003).
 -- name: claim_jobs
-SELECT * FROM notifyq.claim_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
-                               %(limit)s, %(lease)s::float8, %(probe)s)
+SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
+       claims AS claim, created_at, run_at
+FROM notifyq.claim_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
+                      %(lease)s::float8, %(probe)s)
 
--- Seconds until the earliest future run_at among the worker's jobs, measured on the database's
--- clock, so an idle worker can sleep exactly until then.
+-- Seconds until the worker's next delayed job is due (see notifyq.next_due_v1).
 -- name: seconds_to_next_job
-SELECT extract(epoch FROM min(run_at) - now())::float8
-FROM notifyq.jobs
-WHERE status = 'queued' AND run_at > now() AND task = ANY(%(tasks)b::text[])
-  AND (%(queues)b::text[] IS NULL OR queue = ANY(%(queues)b::text[]));
+SELECT notifyq.next_due_v1(%(tasks)b::text[], %(queues)b::text[]);
 
 -- Records successful attempts, one statement for a whole batch, fenced by the claim: see
 -- notifyq.complete_v2 (sql/003).
 -- name: complete_jobs
-SELECT * FROM notifyq.complete_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
-                                  %(results)b::jsonb[])
+SELECT id FROM notifyq.complete_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                  %(results)b::jsonb[]) AS id
 
 -- Records failed attempts, one statement for a batch: see notifyq.fail_v2 (sql/003).
 -- name: fail_jobs
-SELECT * FROM notifyq.fail_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+SELECT id, status FROM notifyq.fail_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                               %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[])
 
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the
 -- interrupted attempt: see notifyq.release_v2 (sql/003).
 -- name: release_jobs
-SELECT * FROM notifyq.release_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[])
+SELECT id FROM notifyq.release_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[]) AS id
 
 -- The heartbeat: renews the leases of the jobs a worker holds, and confirms those whose handler
 -- runs; answers the ids still held, with whether a cancel was requested (see notifyq.beat_v1).
 -- name: beat
-SELECT * FROM notifyq.beat_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+SELECT id, cancel_requested FROM notifyq.beat_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                               %(running)b::boolean[], %(lease)s::float8)
 
 -- Records attempts stopped by a cancel request (see notifyq.cancel_running_v2).
 -- name: cancel_running
-SELECT * FROM notifyq.cancel_running_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[])
+SELECT id FROM notifyq.cancel_running_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[]) AS id
 
 -- Requeues (or fails, or cancels) jobs whose lease ran out or that have none: their worker died
 -- or hung. See notifyq.rescue_v2 (sql/003).
 -- name: rescue_expired
-SELECT * FROM notifyq.rescue_v2(%(limit)s)
+SELECT id, status, counted FROM notifyq.rescue_v2(%(limit)s)
 
 -- name: register_task
-INSERT INTO notifyq.tasks (name, max_attempts, options, breaker_threshold, breaker_cooldown,
-                           max_concurrency, rate_limit, rate_burst, rate_tokens, updated_at)
-VALUES (%(name)s, %(max_attempts)s::integer, %(options)s::jsonb, %(breaker_threshold)s::integer,
-        %(breaker_cooldown)s::float8, %(max_concurrency)s::integer, %(rate_limit)s::float8,
-        %(rate_burst)s::float8, coalesce(%(rate_burst)s::float8, 0), now())
-ON CONFLICT (name) DO UPDATE
-SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
-    breaker_threshold = EXCLUDED.breaker_threshold,
-    breaker_cooldown = EXCLUDED.breaker_cooldown,
-    max_concurrency = EXCLUDED.max_concurrency,
-    rate_limit = EXCLUDED.rate_limit,
-    rate_burst = EXCLUDED.rate_burst,
-    updated_at = now();
+SELECT notifyq.register_task_v1(
+    %(name)s, %(max_attempts)s::integer, %(options)s::jsonb, %(breaker_threshold)s::integer,
+    %(breaker_cooldown)s::float8, %(max_concurrency)s::integer, %(rate_limit)s::float8,
+    %(rate_burst)s::float8);
 
--- A half-open breaker (open, cool-down over) lets one probe through: the worker whose UPDATE
--- wins pushes the time forward by another cool-down and may claim one job of that task.
+-- A half-open breaker lets one probe through (see notifyq.take_probes_v1).
 -- name: take_breaker_probes
-UPDATE notifyq.tasks
-SET breaker_open_until = now() + pg_catalog.make_interval(secs => breaker_cooldown)
-WHERE name = ANY(%(tasks)b::text[]) AND breaker_open_until <= now()
-RETURNING name;
+SELECT name FROM notifyq.take_probes_v1(%(tasks)b::text[]) AS name;
 
 -- name: list_tasks
 SELECT name, max_attempts, options, updated_at, breaker_threshold, breaker_cooldown,
@@ -215,15 +200,13 @@ SELECT (SELECT count(*) FROM retried)::integer,
 SELECT notifyq.mark_waiting_v1(%(worker_id)s, %(queues)b::text[], %(ttl)s::float8);
 
 -- name: unmark_waiting
-DELETE FROM notifyq.waiting_workers WHERE worker_id = %(worker_id)s;
+SELECT notifyq.mark_busy_v1(%(worker_id)s);
 
 -- name: refresh_waiting
-UPDATE notifyq.waiting_workers
-SET expires_at = now() + pg_catalog.make_interval(secs => %(ttl)s::float8)
-WHERE worker_id = %(worker_id)s;
+SELECT notifyq.refresh_waiting_v1(%(worker_id)s, %(ttl)s::float8);
 
 -- name: prune_waiting
-DELETE FROM notifyq.waiting_workers WHERE expires_at < now();
+SELECT notifyq.prune_waiting_v1();
 
 -- Cancels a job: a queued one (or one no live worker holds) at once; a running one is marked and
 -- its worker told. Answers the status it had and the one it has (see notifyq.cancel_job_v1).
@@ -321,35 +304,27 @@ SELECT max(version) FROM notifyq.migrations;
 -- Claims jobs under a task's concurrency or rate limit, or a queue's rate limit (see
 -- notifyq.claim_limited_v2).
 -- name: claim_limited_jobs
-SELECT * FROM notifyq.claim_limited_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
-                                       %(limit)s, %(lease)s::float8);
+SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
+       claims AS claim, created_at, run_at
+FROM notifyq.claim_limited_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
+                              %(limit)s, %(lease)s::float8);
 
--- Whether any limited task of these, or any rate-limited queue, exists: the worker calls the
--- limited claim only then.
+-- Whether the worker must use the limited claim (see notifyq.limits_exist_v1).
 -- name: limits_exist
-SELECT EXISTS (SELECT 1 FROM notifyq.tasks WHERE name = ANY(%(tasks)b::text[])
-                   AND (max_concurrency IS NOT NULL OR rate_limit IS NOT NULL))
-    OR EXISTS (SELECT 1 FROM notifyq.queues WHERE rate_limit IS NOT NULL);
+SELECT notifyq.limits_exist_v1(%(tasks)b::text[]);
 
 -- name: enqueue_tick
 SELECT notifyq.enqueue_tick_v2(%(task)s, %(tick)s, %(payload)s::jsonb);
 
 -- name: database_now
-SELECT now();
+SELECT notifyq.clock_v1();
 
--- Deletes up to %(limit)s jobs in %(status)s that finished before %(keep)s seconds ago, oldest
--- first; the caller repeats until fewer come back.
+-- Retention, one batch (see notifyq.prune_v1); the caller repeats until fewer come back.
 -- name: prune_jobs
-DELETE FROM notifyq.jobs
-WHERE id IN (SELECT id FROM notifyq.jobs
-             WHERE status = %(status)s::text
-               AND finished_at < now() - pg_catalog.make_interval(secs => %(keep)s::float8)
-             ORDER BY finished_at
-             LIMIT %(limit)s
-             FOR UPDATE SKIP LOCKED);
+SELECT notifyq.prune_v1(%(status)s::text, %(keep)s::float8, %(limit)s);
 
 -- name: prune_ticks
-DELETE FROM notifyq.periodic_ticks WHERE tick < now() - interval '7 days';
+SELECT notifyq.prune_ticks_v1();
 
 -- name: set_setting
 INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from notifyq.db import open_pool
-from notifyq.models import JobStatus
+from notifyq.models import Held, JobStatus, Success
 from notifyq.settings import Settings
-from notifyq.store import Held, Store, Success
+from notifyq.store import Store
 from tests.helpers import job_row, running_worker, wait_for_status, wait_until
 
 

@@ -14,10 +14,10 @@ import httpx
 
 from notifyq.api import create_app
 from notifyq.builtins import worker_registry
-from notifyq.models import JobStatus
+from notifyq.models import Failure, JobStatus
 from notifyq.retry import CircuitBreaker
 from notifyq.settings import Settings
-from notifyq.store import Failure, Store
+from notifyq.store import Store
 from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker
 from tests.helpers import (

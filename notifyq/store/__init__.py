@@ -1,0 +1,23 @@
+"""The store: the one place that runs notifyq's SQL, one method per named query of
+``sql/queries.sql``.
+
+It works on a connection pool, or on a connection the caller passes (to enqueue inside the
+caller's own transaction). Rows come typed from psycopg row factories; every driver error
+leaves as one of notifyq's (:mod:`notifyq.errors`): a lost connection as
+:class:`~notifyq.errors.DatabaseUnavailable`, the rest as a
+:class:`~notifyq.errors.DatabaseError`.
+"""
+
+from __future__ import annotations
+
+from notifyq.store._managing import Managing
+from notifyq.store._runner import WRITE_CHUNK
+from notifyq.store._submit import ENQUEUE_CHUNK, Submitting
+from notifyq.store._working import Working
+
+__all__ = ["ENQUEUE_CHUNK", "WRITE_CHUNK", "Store"]
+
+
+class Store(Submitting, Managing, Working):
+    """Runs notifyq's queries against a pool: submitting jobs, reading and managing them, and
+    the statements a worker runs. Each concern is its own base class."""

@@ -1,0 +1,125 @@
+"""Reading and managing jobs, queues and tasks: what the API, the CLI and the client run."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import dict_row, kwargs_row, scalar_row, tuple_row
+
+from notifyq.models import Cancelled, Job, JobStatus
+from notifyq.store._runner import Runner
+
+_JOB = kwargs_row(Job.of)
+_CANCELLED = kwargs_row(Cancelled.of)
+
+
+class Managing(Runner):
+    """The reads and the operators' statements of :class:`~notifyq.store.Store`."""
+
+    async def get_job(self, job_id: UUID) -> Job | None:
+        """The job, or None."""
+        return await self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        after: tuple[datetime, UUID] | None = None,
+    ) -> list[Job]:
+        """Jobs newest first; ``after`` is the (created_at, id) of the last job of the page
+        before."""
+        params = {
+            "status": status.value if status else None,
+            "queue": queue,
+            "task": task,
+            "limit": limit,
+            "after_created": after[0] if after else None,
+            "after_id": after[1] if after else None,
+        }
+        return await self._all("list_jobs", params, _JOB, what="listing jobs")
+
+    async def ping(self) -> None:
+        """Raises DatabaseUnavailable unless the database answers."""
+        await self._value("ping", None, what="health check")
+
+    async def schema_version(self) -> int | None:
+        """The newest applied migration."""
+        version: int | None = await self._value(
+            "schema_version", None, what="reading the schema version"
+        )
+        return version
+
+    async def cancel_job(self, job_id: UUID) -> Cancelled | None:
+        """Cancels a queued job (or a running one that no live worker holds), or asks the
+        worker of a running one to stop it; None: no such job."""
+        return await self._one("cancel_job", {"id": job_id}, _CANCELLED, what="cancelling a job")
+
+    async def delete_job(self, job_id: UUID) -> bool:
+        """Deletes a finished job; False when it is not finished or unknown."""
+        deleted = await self._value("delete_job", {"id": job_id}, what="deleting a job")
+        return deleted is not None
+
+    async def retry_job(self, job_id: UUID) -> bool:
+        """Requeues one failed or cancelled job; False if it is in another state or unknown."""
+        row = await self._one("retry_job", {"id": job_id}, tuple_row, what="retrying a job")
+        return row is not None
+
+    async def retry_jobs(
+        self,
+        *,
+        status: JobStatus = JobStatus.FAILED,
+        queue: str | None = None,
+        task: str | None = None,
+        batch: int = 1000,
+    ) -> int:
+        """Requeues every job in ``status`` (failed or cancelled) matching the filters, in
+        batches; answers how many."""
+        if status not in (JobStatus.FAILED, JobStatus.CANCELLED):
+            raise ValueError("only failed or cancelled jobs can be retried")
+        params: dict[str, Any] = {
+            "status": status.value,
+            "queue": queue,
+            "task": task,
+            "limit": batch,
+            "after": UUID(int=0),
+        }
+        total: int = 0
+        while True:
+            row = await self._one("retry_jobs", params, tuple_row, what="retrying jobs")
+            assert row is not None, "retry_jobs answers one row"
+            retried: int = row[0]
+            scanned, last = row[1], row[2]
+            total += retried
+            if scanned < batch:
+                return total
+            params["after"] = last
+
+    async def queue_stats(
+        self, *, exact_below: int = 200_000, sample_percent: float = 2.0
+    ) -> list[dict[str, Any]]:
+        """Counts by status per queue (completed ones estimated on a large table), the oldest
+        due job's wait, last minute's throughput, and the queue's switches."""
+        params = {"exact_below": exact_below, "sample_percent": sample_percent}
+        return await self._all("queue_stats", params, dict_row, what="counting jobs")
+
+    async def configure_queue(
+        self,
+        queue: str,
+        *,
+        paused: bool | None = None,
+        rate_limit: float | None = None,
+        notify: bool | None = None,
+    ) -> None:
+        """Changes a queue's switches; None leaves one as it is (a rate limit of 0 removes
+        it)."""
+        params = {"queue": queue, "paused": paused, "rate_limit": rate_limit, "notify": notify}
+        await self._all("configure_queue", params, scalar_row, what="configuring a queue")
+
+    async def list_tasks(self) -> list[dict[str, Any]]:
+        """The registered tasks with their breaker state."""
+        return await self._all("list_tasks", None, dict_row, what="listing tasks")

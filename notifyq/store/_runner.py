@@ -1,0 +1,131 @@
+"""The seam between notifyq and its database: named queries run with typed rows, on a pooled
+connection or the caller's, and the driver's errors translated once into notifyq's."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import AsyncRowFactory, scalar_row
+from psycopg_pool import AsyncConnectionPool
+
+from notifyq.db import translate_errors
+from notifyq.queries import load_queries
+
+T = TypeVar("T")
+R = TypeVar("R")
+Row = TypeVar("Row")
+
+Params = dict[str, Any] | None
+Conn = psycopg.AsyncConnection[Any]
+
+#: Most rows one batch statement writes (see Runner._in_chunks).
+WRITE_CHUNK = 100
+
+
+class Runner:
+    """Runs notifyq's named queries (sql/queries.sql) against ``pool``.
+
+    Every runner fetches typed rows through a psycopg row factory and names what it does
+    (``what``), which the errors carry: a driver error leaves as a
+    :class:`~notifyq.errors.NotifyQError` (:func:`notifyq.db.translate_errors`), so callers
+    never handle psycopg's own."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool, *, default_max_attempts: int | None = None
+    ) -> None:
+        """``default_max_attempts`` applies to jobs whose submission and task set none; None
+        leaves it to the database's default (``notifyq.settings``)."""
+        self._pool = pool
+        self._q = load_queries()
+        self._default_max_attempts = default_max_attempts
+
+    async def _all(
+        self,
+        name: str,
+        params: Params,
+        row: AsyncRowFactory[Row],
+        *,
+        what: str,
+        conn: Conn | None = None,
+    ) -> list[Row]:
+        """Every row of query ``name``."""
+        query = self._q[name]
+
+        async def on(c: Conn) -> list[Row]:
+            cursor = c.cursor(row_factory=row)
+            await cursor.execute(query, params)
+            return await cursor.fetchall()
+
+        return await self._on_connection(on, what=what, conn=conn)
+
+    async def _one(
+        self,
+        name: str,
+        params: Params,
+        row: AsyncRowFactory[Row],
+        *,
+        what: str,
+        conn: Conn | None = None,
+    ) -> Row | None:
+        """The first row of query ``name``, or None."""
+        query = self._q[name]
+
+        async def on(c: Conn) -> Row | None:
+            cursor = c.cursor(row_factory=row)
+            await cursor.execute(query, params)
+            return await cursor.fetchone()
+
+        return await self._on_connection(on, what=what, conn=conn)
+
+    async def _value(self, name: str, params: Params, *, what: str) -> Any:
+        """The first column of the first row of query ``name`` (None without a row)."""
+        return await self._one(name, params, scalar_row, what=what)
+
+    async def _execute(self, name: str, params: Params, *, what: str) -> None:
+        """Runs query ``name`` for its effect."""
+        query = self._q[name]
+
+        async def on(c: Conn) -> None:
+            await c.execute(query, params)
+
+        await self._on_connection(on, what=what, conn=None)
+
+    async def _in_chunks(
+        self,
+        name: str,
+        items: Sequence[T],
+        params_of: Callable[[Sequence[T]], dict[str, Any]],
+        row: AsyncRowFactory[Row],
+        *,
+        what: str,
+    ) -> list[Row]:
+        """Runs a batch statement over ``items`` at most WRITE_CHUNK at a time, so that no
+        statement holds the row locks of a large batch for long."""
+        rows: list[Row] = []
+        for start in range(0, len(items), WRITE_CHUNK):
+            chunk = items[start : start + WRITE_CHUNK]
+            rows += await self._all(name, params_of(chunk), row, what=what)
+        return rows
+
+    async def _on_connection(
+        self, on: Callable[[Conn], Awaitable[R]], *, what: str, conn: Conn | None
+    ) -> R:
+        """``on(conn)``, else ``on`` a pooled connection. On a pooled connection that the
+        server had closed while it sat idle (a restart, pg_terminate_backend), the statement
+        never ran, so it is run again on another one, up to the size of the pool."""
+        with translate_errors(what):
+            if conn is not None:
+                return await on(conn)
+            tries = (self._pool.max_size or 1) + 1
+            for attempt in range(1, tries + 1):
+                pooled: Conn | None = None
+                try:
+                    async with self._pool.connection() as pooled:
+                        return await on(pooled)
+                except psycopg.OperationalError:
+                    if attempt < tries and pooled is not None and pooled.broken:
+                        continue
+                    raise
+        raise AssertionError("unreachable")

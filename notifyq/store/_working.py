@@ -1,0 +1,244 @@
+"""The statements a worker runs: claims, outcomes, heartbeats, rescue, its idle mark,
+retention, periodic ticks. Each calls one versioned function of the schema (sql/003, sql/004);
+these methods are what :class:`notifyq.worker.WorkerStore` describes."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import class_row, kwargs_row, scalar_row, tuple_row
+
+from notifyq.models import (
+    ClaimedJob,
+    Failure,
+    Held,
+    JobStatus,
+    Rescued,
+    Success,
+    TaskRegistration,
+)
+from notifyq.store._runner import Runner
+
+_CLAIMED = class_row(ClaimedJob)
+_RESCUED = kwargs_row(Rescued.of)
+
+
+class Working(Runner):
+    """The worker's statements of :class:`~notifyq.store.Store`."""
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+        probe: bool = False,
+    ) -> list[ClaimedJob]:
+        """Claims up to ``limit`` due jobs. ``probe`` ignores open circuit breakers: only for a
+        worker that took the probe of ``tasks``."""
+        params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "tasks": list(tasks),
+            "queues": None if queues is None else list(queues),
+            "limit": limit,
+            "lease": lease,
+            "probe": probe,
+        }
+        return await self._all("claim_jobs", params, _CLAIMED, what="claiming jobs")
+
+    async def claim_limited(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+    ) -> list[ClaimedJob]:
+        """Claims jobs under a task's or queue's limit (see notifyq.claim_limited_v2)."""
+        params = {
+            "worker_id": worker_id,
+            "tasks": list(tasks),
+            "queues": None if queues is None else list(queues),
+            "limit": limit,
+            "lease": lease,
+        }
+        return await self._all("claim_limited_jobs", params, _CLAIMED, what="claiming limited jobs")
+
+    async def seconds_to_next_job(
+        self, *, tasks: Sequence[str], queues: Sequence[str] | None
+    ) -> float | None:
+        """Seconds until the earliest queued job of these tasks that is not due yet."""
+        params = {"tasks": list(tasks), "queues": None if queues is None else list(queues)}
+        seconds: float | None = await self._value(
+            "seconds_to_next_job", params, what="looking for delayed jobs"
+        )
+        return seconds
+
+    async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
+        """Records successes; answers the ids written (the others had lost their lease)."""
+        rows = await self._in_chunks(
+            "complete_jobs",
+            done,
+            lambda chunk: {
+                "worker_id": worker_id,
+                "ids": [d.job_id for d in chunk],
+                "claims": [d.claim for d in chunk],
+                "results": [d.result_json for d in chunk],
+            },
+            scalar_row,
+            what="recording results",
+        )
+        return set(rows)
+
+    async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]:
+        """Records failed attempts; answers the new status of each row written."""
+        rows = await self._in_chunks(
+            "fail_jobs",
+            failed,
+            lambda chunk: {
+                "worker_id": worker_id,
+                "ids": [f.job_id for f in chunk],
+                "claims": [f.claim for f in chunk],
+                "errors": [f.error for f in chunk],
+                "retryable": [f.retryable for f in chunk],
+                "delays": [f.delay for f in chunk],
+            },
+            tuple_row,
+            what="recording failures",
+        )
+        return {job_id: JobStatus(status) for job_id, status in rows}
+
+    async def release(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
+        """Puts interrupted jobs back in the queue, attempt not counted."""
+        rows = await self._in_chunks(
+            "release_jobs",
+            list(held),
+            lambda chunk: _held_params(worker_id, chunk),
+            scalar_row,
+            what="releasing jobs",
+        )
+        return set(rows)
+
+    async def beat(
+        self, worker_id: str, held: Iterable[Held], running: Container[UUID], lease: float
+    ) -> dict[UUID, bool]:
+        """Renews leases, and confirms the jobs whose handler is ``running`` (a rescue then
+        counts their attempt); answers the ids still held by this worker, each with whether a
+        cancel was requested."""
+        rows = await self._in_chunks(
+            "beat",
+            list(held),
+            lambda chunk: (
+                _held_params(worker_id, chunk)
+                | {"running": [h.job_id in running for h in chunk], "lease": lease}
+            ),
+            tuple_row,
+            what="renewing leases",
+        )
+        return dict(rows)
+
+    async def cancel_running(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
+        """Records attempts stopped by a cancel request."""
+        rows = await self._in_chunks(
+            "cancel_running",
+            list(held),
+            lambda chunk: _held_params(worker_id, chunk),
+            scalar_row,
+            what="recording cancellations",
+        )
+        return set(rows)
+
+    async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
+        """Requeues (or fails, or cancels) up to ``limit`` jobs whose lease ran out or that
+        have none."""
+        return await self._all("rescue_expired", {"limit": limit}, _RESCUED, what="rescuing jobs")
+
+    async def mark_waiting(self, worker_id: str, queues: Sequence[str] | None, ttl: float) -> bool:
+        """Registers a worker as waiting; True when the registration waited for in-flight
+        inserts (so a claim right after it sees them all)."""
+        params = {
+            "worker_id": worker_id,
+            "queues": None if queues is None else list(queues),
+            "ttl": ttl,
+        }
+        return bool(await self._value("mark_waiting", params, what="marking the worker idle"))
+
+    async def unmark_waiting(self, worker_id: str) -> None:
+        """Removes a worker's idle mark: inserts stop waking it."""
+        await self._execute(
+            "unmark_waiting", {"worker_id": worker_id}, what="marking the worker busy"
+        )
+
+    async def refresh_waiting(self, worker_id: str, ttl: float) -> None:
+        """Keeps a worker's idle mark from expiring."""
+        params = {"worker_id": worker_id, "ttl": ttl}
+        await self._execute("refresh_waiting", params, what="refreshing the idle mark")
+
+    async def prune_waiting(self) -> None:
+        """Deletes the idle marks of workers that stopped refreshing them."""
+        await self._execute("prune_waiting", None, what="pruning idle marks")
+
+    async def register_task(self, task: TaskRegistration) -> None:
+        """Records a task, its options, limits and breaker, for all workers and the API."""
+        params = {
+            "name": task.name,
+            "max_attempts": task.max_attempts,
+            "options": task.options_json,
+            "breaker_threshold": task.breaker_threshold,
+            "breaker_cooldown": task.breaker_cooldown,
+            "max_concurrency": task.max_concurrency,
+            "rate_limit": task.rate_limit,
+            "rate_burst": None if task.rate_limit is None else max(task.rate_limit, 1.0),
+        }
+        await self._execute("register_task", params, what="registering tasks")
+
+    async def limits_exist(self, tasks: Sequence[str]) -> bool:
+        """Whether any of these tasks, or any queue, has a concurrency or rate limit."""
+        return bool(
+            await self._value("limits_exist", {"tasks": list(tasks)}, what="reading limits")
+        )
+
+    async def take_breaker_probes(self, tasks: Sequence[str]) -> list[str]:
+        """The tasks whose half-open breaker this caller won the probe of."""
+        return await self._all(
+            "take_breaker_probes", {"tasks": list(tasks)}, scalar_row, what="probing breakers"
+        )
+
+    async def enqueue_tick(self, task: str, tick: datetime, payload_json: str) -> UUID | None:
+        """Enqueues the job of one tick of a periodic task; None when another worker did."""
+        job_id: UUID | None = await self._value(
+            "enqueue_tick",
+            {"task": task, "tick": tick, "payload": payload_json},
+            what="enqueueing a periodic job",
+        )
+        return job_id
+
+    async def database_now(self) -> datetime:
+        """The database's clock."""
+        now: datetime = await self._value("database_now", None, what="reading the clock")
+        return now
+
+    async def prune(self, status: JobStatus, keep: float, *, batch: int = 1000) -> int:
+        """Deletes up to ``batch`` jobs in ``status`` finished more than ``keep`` seconds ago;
+        answers how many (call again while it answers ``batch``)."""
+        params = {"status": status.value, "keep": keep, "limit": batch}
+        deleted: int = await self._value("prune_jobs", params, what="pruning jobs")
+        return deleted
+
+    async def prune_ticks(self) -> None:
+        """Deletes periodic ticks older than a week."""
+        await self._execute("prune_ticks", None, what="pruning periodic ticks")
+
+
+def _held_params(worker_id: str, held: Sequence[Held]) -> dict[str, Any]:
+    return {
+        "worker_id": worker_id,
+        "ids": [h.job_id for h in held],
+        "claims": [h.claim for h in held],
+    }
