@@ -32,9 +32,9 @@ from notifyq.embedded import (
     SERVICE_ACCOUNT,
     EmbeddedPostgres,
     EmbeddedPostgresError,
-    _service_account,
     reset,
 )
+from notifyq.embedded._server import _service_account
 from notifyq.errors import ConfigurationError, NotifyQError
 from tests.helpers import ROOT
 
