@@ -35,6 +35,7 @@ from psycopg import sql
 
 from notifyq.db import redact
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
+from notifyq.embedded._procs import pid_alive, reap_if_ours, start_marker
 from notifyq.errors import ConfigurationError
 
 # The package's one logger, named as before it was split: logs.py quiets it, users filter on it.
@@ -614,7 +615,7 @@ def _copy_install(site: Path, cache: Path) -> None:
     _make_dirs(cache.parent)
     for leftover in cache.parent.glob(f".{cache.name}.tmp-*"):
         pid = leftover.name.rpartition("-")[2]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)  # a copy interrupted by a crash
     staging = cache.parent / f".{cache.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -776,12 +777,12 @@ class _User:
 
     @classmethod
     def of_this_process(cls, token: str) -> _User:
-        return cls(os.getpid(), _start_marker(os.getpid()), token)
+        return cls(os.getpid(), start_marker(os.getpid()), token)
 
     def alive(self) -> bool:
-        if not _pid_alive(self.pid):
+        if not pid_alive(self.pid):
             return False
-        return self.started is None or _start_marker(self.pid) in (None, self.started)
+        return self.started is None or start_marker(self.pid) in (None, self.started)
 
 
 @dataclass
@@ -820,49 +821,11 @@ class _Registry:
 # -- processes ------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name (state first); None without /proc."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _start_marker(pid: int) -> str | None:
-    fields = _proc_stat(pid)
-    return fields[19] if fields and len(fields) > 19 else None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False  # kill(0) would mean our whole process group
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, owned by another user
-    # A zombie still answers kill(pid, 0).
-    fields = _proc_stat(pid)
-    return not (fields and fields[0] in ("Z", "X"))
-
-
-def _reap_if_ours(pid: int) -> None:
-    """Reaps ``pid`` if it is our child: a postmaster is reparented to us when we are PID 1 in a
-    container or a subreaper, and would stay a zombie. Never reaps other children of ours, whose
-    owners (subprocess, asyncio) wait for them."""
-    fields = _proc_stat(pid)
-    if fields and len(fields) > 1 and fields[1] == str(os.getpid()):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-
-
 def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
     """Whether ``pid`` is a live postmaster serving ``data_dir``, and not a process that reused
     the pid of a dead one. When that cannot be told, answers True: deleting a live server's
     ``postmaster.pid`` would let a second server corrupt the cluster."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     proc = Path(f"/proc/{pid}")
     if proc.is_dir():
@@ -973,13 +936,13 @@ def _stop(postmaster: _Postmaster) -> None:
             os.kill(postmaster.pid, signum)
         deadline = time.monotonic() + timeout
         delay = 0.002
-        while _pid_alive(postmaster.pid):
+        while pid_alive(postmaster.pid):
             if time.monotonic() > deadline:
                 break
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         else:
-            _reap_if_ours(postmaster.pid)
+            reap_if_ours(postmaster.pid)
             logger.info(
                 "embedded PostgreSQL (pid %s) stopped in %.3f s",
                 postmaster.pid,
