@@ -44,12 +44,8 @@ Unix-like systems only (Linux, macOS).
 
 from notifyq.embedded._account import SERVICE_ACCOUNT
 from notifyq.embedded._errors import EmbeddedPostgresError, ProgressCallback
-from notifyq.embedded._server import (
-    DATABASE,
-    EmbeddedPostgres,
-    default_base_dir,
-    reset,
-)
+from notifyq.embedded._layout import default_base_dir
+from notifyq.embedded._server import DATABASE, EmbeddedPostgres, reset
 
 __all__ = [
     "DATABASE",

