@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import re
@@ -20,7 +19,6 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +31,8 @@ from notifyq.embedded._account import check_reachable, is_root, run, service_acc
 from notifyq.embedded._binaries import Binaries, find_binaries, runnable_binaries
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._layout import SOCKET_PORT, Paths, default_base_dir, make_dirs, write_file
-from notifyq.embedded._procs import pid_alive, reap_if_ours, start_marker
+from notifyq.embedded._procs import pid_alive, reap_if_ours
+from notifyq.embedded._users import Registry, User, locked
 from notifyq.errors import ConfigurationError
 
 # The package's one logger, named as before it was split: logs.py quiets it, users filter on it.
@@ -46,7 +45,6 @@ _SUPERUSER = "postgres"
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 60.0
-_LOCK_TIMEOUT = 120.0
 # Given on the command line at each start, with the port, sockets and hba_file, rather than
 # written to postgresql.conf: root never writes into the folder the unprivileged account owns,
 # and a cluster made by an older notifyq gets them too.
@@ -141,8 +139,8 @@ class EmbeddedPostgres:
         paths = Paths(self._base_dir, data_dir)
         make_dirs(self._base_dir)
         token = uuid.uuid4().hex
-        with _locked(paths.lock):
-            registry = _Registry.load(paths.registry)
+        with locked(paths.lock):
+            registry = Registry.load(paths.registry)
             had_users = bool(registry.users)
             postmaster = self._joinable_postmaster(paths, registry)
             created = postmaster is None
@@ -159,7 +157,7 @@ class EmbeddedPostgres:
                 if created or not had_users:
                     # A new cluster, or a server left by a killed process, may lack it.
                     _ensure_database(postmaster, password)
-                registry.users.append(_User.of_this_process(token))
+                registry.users.append(User.of_this_process(token))
                 if postmaster.tcp:
                     registry.port = postmaster.port
                 registry.save()
@@ -184,8 +182,8 @@ class EmbeddedPostgres:
         if token is None or self._owner_pid != os.getpid():
             return  # never acquired, already released, or a forked child of the acquirer
         paths = Paths(self._base_dir, self.data_dir)
-        with _locked(paths.lock):
-            registry = _Registry.load(paths.registry)
+        with locked(paths.lock):
+            registry = Registry.load(paths.registry)
             registry.users = [user for user in registry.users if user.token != token]
             registry.save()
             if registry.users:
@@ -205,8 +203,8 @@ class EmbeddedPostgres:
         paths = Paths(self._base_dir, data_dir)
         if not self._base_dir.exists():
             return data_dir
-        with _locked(paths.lock):
-            registry = _Registry.load(paths.registry)
+        with locked(paths.lock):
+            registry = Registry.load(paths.registry)
             if registry.users:
                 pids = ", ".join(str(user.pid) for user in registry.users)
                 raise EmbeddedPostgresError(
@@ -256,7 +254,7 @@ class EmbeddedPostgres:
         if self._on_progress is not None:
             self._on_progress(message)
 
-    def _joinable_postmaster(self, paths: Paths, registry: _Registry) -> _Postmaster | None:
+    def _joinable_postmaster(self, paths: Paths, registry: Registry) -> _Postmaster | None:
         """The running server to join, or None when one must be started. A server that was not
         started with our authentication rules (by an older notifyq: trust on 127.0.0.1) is
         stopped first when nobody uses it, and refused while someone does. Called with the lock
@@ -338,82 +336,6 @@ def _new_password(paths: Paths) -> str:
     password = secrets.token_urlsafe(32)
     write_file(paths.password, password + "\n", 0o600)
     return password
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Holds an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        with contextlib.suppress(PermissionError):  # not ours: then not ours to change
-            os.fchmod(fd, 0o600)  # older versions made it 0644
-        deadline = time.monotonic() + _LOCK_TIMEOUT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise EmbeddedPostgresError(
-                        f"timed out after {_LOCK_TIMEOUT:.0f} s waiting for {path}, held by "
-                        "another process starting or stopping the embedded PostgreSQL"
-                    ) from None
-                time.sleep(0.01)
-        yield
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class _User:
-    pid: int
-    #: The process's start time as the kernel reports it, to tell a reused pid apart.
-    started: str | None
-    token: str
-
-    @classmethod
-    def of_this_process(cls, token: str) -> _User:
-        return cls(os.getpid(), start_marker(os.getpid()), token)
-
-    def alive(self) -> bool:
-        if not pid_alive(self.pid):
-            return False
-        return self.started is None or start_marker(self.pid) in (None, self.started)
-
-
-@dataclass
-class _Registry:
-    path: Path
-    users: list[_User]
-    #: The port the server last listened on, tried first at the next start.
-    port: int | None
-
-    @classmethod
-    def load(cls, path: Path) -> _Registry:
-        """The registry, with users whose process died pruned."""
-        try:
-            raw = json.loads(path.read_text())
-            users = [_User(int(u["pid"]), u.get("started"), str(u["token"])) for u in raw["users"]]
-            port = int(raw["port"]) if raw.get("port") else None
-        except FileNotFoundError:
-            return cls(path, [], None)
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring the unreadable registry %s: %s", path, exc)
-            return cls(path, [], None)
-        live = [user for user in users if user.alive()]
-        if len(live) != len(users):
-            dead = sorted({user.pid for user in users} - {user.pid for user in live})
-            logger.info("pruned dead users of the embedded PostgreSQL: %s", dead)
-        return cls(path, live, port)
-
-    def save(self) -> None:
-        data = {
-            "users": [{"pid": u.pid, "started": u.started, "token": u.token} for u in self.users],
-            "port": self.port,
-        }
-        write_file(self.path, json.dumps(data, indent=1), 0o600)
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -580,7 +502,7 @@ class _Starter:
     """Brings a stopped cluster up (after ``initdb`` if new); runs with the lock held."""
 
     def __init__(
-        self, binaries: Binaries, paths: Paths, registry: _Registry, progress: ProgressCallback
+        self, binaries: Binaries, paths: Paths, registry: Registry, progress: ProgressCallback
     ) -> None:
         self.account = service_account() if is_root() else None
         self.binaries = binaries
