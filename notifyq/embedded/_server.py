@@ -4,22 +4,16 @@ move to modules of their own) everything it needs; the package docstring describ
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import re
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import stat
 import subprocess
 import sys
-import time
-import urllib.parse
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -31,7 +25,16 @@ from notifyq.embedded._account import check_reachable, is_root, run, service_acc
 from notifyq.embedded._binaries import Binaries, find_binaries, runnable_binaries
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._layout import SOCKET_PORT, Paths, default_base_dir, make_dirs, write_file
-from notifyq.embedded._procs import pid_alive, reap_if_ours
+from notifyq.embedded._postmaster import (
+    HOST,
+    START_TIMEOUT,
+    SUPERUSER,
+    Postmaster,
+    free_port,
+    running_postmaster,
+    stop,
+    stop_if_running,
+)
 from notifyq.embedded._users import Registry, User, locked
 from notifyq.errors import ConfigurationError
 
@@ -40,11 +43,6 @@ logger = logging.getLogger("notifyq.embedded")
 
 #: The database the returned URL names; created at the first start of a cluster.
 DATABASE = "notifyq"
-
-_SUPERUSER = "postgres"
-_HOST = "127.0.0.1"
-_START_TIMEOUT = 60.0
-_STOP_TIMEOUT = 60.0
 # Given on the command line at each start, with the port, sockets and hba_file, rather than
 # written to postgresql.conf: root never writes into the folder the unprivileged account owns,
 # and a cluster made by an older notifyq gets them too.
@@ -164,7 +162,7 @@ class EmbeddedPostgres:
             except BaseException:
                 # Interrupted before this process was recorded: nobody would stop the server.
                 if not had_users:
-                    _stop(postmaster)
+                    stop(postmaster)
                 raise
         if created:
             logger.info("embedded PostgreSQL %s started in %s", binaries.version, data_dir)
@@ -191,10 +189,10 @@ class EmbeddedPostgres:
                     "embedded PostgreSQL left running for %d other user(s)", len(registry.users)
                 )
                 return
-            postmaster = self._running_postmaster(paths.data_dir)
+            postmaster = running_postmaster(paths.data_dir)
             if postmaster is not None:
                 self._progress(f"stopping embedded PostgreSQL (data in {paths.data_dir})")
-                _stop(postmaster)
+                stop(postmaster)
 
     def reset(self) -> Path:
         """Stops the server and deletes the cluster folder, so the next acquire starts afresh;
@@ -211,10 +209,10 @@ class EmbeddedPostgres:
                     f"cannot reset {data_dir}: the embedded PostgreSQL is in use by process(es) "
                     f"{pids}; stop them first"
                 )
-            postmaster = self._running_postmaster(data_dir)
+            postmaster = running_postmaster(data_dir)
             if postmaster is not None:
                 self._progress(f"stopping embedded PostgreSQL (data in {data_dir})")
-                _stop(postmaster)
+                stop(postmaster)
             if data_dir.exists():
                 self._progress(f"deleting {data_dir}")
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -254,12 +252,12 @@ class EmbeddedPostgres:
         if self._on_progress is not None:
             self._on_progress(message)
 
-    def _joinable_postmaster(self, paths: Paths, registry: Registry) -> _Postmaster | None:
+    def _joinable_postmaster(self, paths: Paths, registry: Registry) -> Postmaster | None:
         """The running server to join, or None when one must be started. A server that was not
         started with our authentication rules (by an older notifyq: trust on 127.0.0.1) is
         stopped first when nobody uses it, and refused while someone does. Called with the lock
         held."""
-        postmaster = self._running_postmaster(paths.data_dir)
+        postmaster = running_postmaster(paths.data_dir)
         if postmaster is None:
             return None
         problem = _unsafe_reason(postmaster, paths)
@@ -272,37 +270,8 @@ class EmbeddedPostgres:
                 f"stop the processes using it ({pids}) and start again"
             )
         self._progress(f"stopping the embedded PostgreSQL left in {paths.data_dir}: {problem}")
-        _stop(postmaster)
+        stop(postmaster)
         return None
-
-    def _running_postmaster(self, data_dir: Path) -> _Postmaster | None:
-        """The live postmaster of ``data_dir``, once it is ready; None if there is none (a stale
-        ``postmaster.pid`` is removed). Called with the lock held."""
-        start = time.monotonic()
-        deadline = start + _START_TIMEOUT
-        delay = 0.005
-        while True:
-            postmaster = _Postmaster.read(data_dir)
-            if postmaster is None:
-                return None
-            if postmaster.pid == 0 and time.monotonic() < start + 2:
-                pass  # being written by a starting server (or garbage: removed below)
-            elif not _is_postmaster_of(postmaster.pid, data_dir):
-                logger.info("removing stale %s (pid %s is gone)", postmaster.file, postmaster.pid)
-                postmaster.file.unlink(missing_ok=True)
-                return None
-            elif postmaster.status == "ready":
-                return postmaster
-            # Starting (its starter was killed mid-start) or stopping (a stop was interrupted):
-            # wait for it to settle rather than start a second server on the same folder.
-            if time.monotonic() > deadline:
-                raise EmbeddedPostgresError(
-                    f"the PostgreSQL server in {data_dir} (pid {postmaster.pid}) stayed "
-                    f"{postmaster.status or 'starting'!r} for {_START_TIMEOUT:.0f} s; "
-                    f"see {data_dir / 'server.log'}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
 
 
 def reset(
@@ -341,96 +310,7 @@ def _new_password(paths: Paths) -> str:
 # -- processes ------------------------------------------------------------------------------
 
 
-def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
-    """Whether ``pid`` is a live postmaster serving ``data_dir``, and not a process that reused
-    the pid of a dead one. When that cannot be told, answers True: deleting a live server's
-    ``postmaster.pid`` would let a second server corrupt the cluster."""
-    if not pid_alive(pid):
-        return False
-    proc = Path(f"/proc/{pid}")
-    if proc.is_dir():
-        try:
-            # PostgreSQL runs as its data folder's owner, in its data folder.
-            if proc.stat().st_uid != data_dir.stat().st_uid:
-                return False
-            return os.path.samefile(proc / "cwd", data_dir)
-        except PermissionError:
-            try:
-                argv0 = (proc / "cmdline").read_bytes().split(b"\0", 1)[0]
-            except OSError:
-                return True
-            return os.path.basename(argv0).startswith((b"postgres", b"postmaster"))
-        except OSError:
-            return False
-    try:
-        command = ["ps", "-o", "uid=,comm=", "-p", str(pid)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=10)
-        uid, _, name = result.stdout.strip().partition(" ")
-        if int(uid) != data_dir.stat().st_uid:
-            return False
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return True
-    return "postgres" in name or "postmaster" in name
-
-
-@dataclass(frozen=True)
-class _Postmaster:
-    """What ``postmaster.pid`` says about the server of a data folder."""
-
-    file: Path
-    pid: int
-    port: int
-    socket_dir: str
-    listen: str
-    status: str
-
-    @classmethod
-    def read(cls, data_dir: Path) -> _Postmaster | None:
-        file = data_dir / "postmaster.pid"
-        try:
-            # Bounded, no symlinks: as root this reads a file another account owns.
-            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return cls(file, 0, 0, "", "", "")  # a symlink, say: stale, removed after a while
-        with os.fdopen(fd, "rb") as stream:
-            lines = stream.read(4096).decode(errors="replace").splitlines()
-        # pid, data dir, start time, port, socket dir, listen address, shared memory, status;
-        # the later lines appear while the server starts.
-        lines += [""] * (8 - len(lines))
-        try:
-            pid = int(lines[0])
-        except ValueError:
-            # Being written right now, or garbage (removed as stale after a moment).
-            return cls(file, 0, 0, "", "", "")
-        port = int(lines[3]) if lines[3].strip().isdigit() else 0
-        return cls(file, pid, port, lines[4].strip(), lines[5].strip(), lines[7].strip())
-
-    @property
-    def tcp(self) -> bool:
-        return bool(self.listen)
-
-    @property
-    def where(self) -> str:
-        """Where it listens, for progress lines."""
-        if self.tcp:
-            return f"{self._tcp_host()}:{self.port}"
-        return f"a unix socket in {self.socket_dir}"
-
-    def url(self, dbname: str, password: str | None = None) -> str:
-        if self.tcp:
-            user = _SUPERUSER if password is None else f"{_SUPERUSER}:{password}"
-            return f"postgresql://{user}@{self._tcp_host()}:{self.port}/{dbname}"
-        socket_dir = urllib.parse.quote(self.socket_dir, safe="/")
-        return f"postgresql://{_SUPERUSER}@/{dbname}?host={socket_dir}&port={self.port}"
-
-    def _tcp_host(self) -> str:
-        host = _HOST if self.listen in ("*", "0.0.0.0", "::", "localhost") else self.listen
-        return f"[{host}]" if ":" in host else host
-
-
-def _unsafe_reason(postmaster: _Postmaster, paths: Paths) -> str | None:
+def _unsafe_reason(postmaster: Postmaster, paths: Paths) -> str | None:
     """Why the running server may let someone in without a password: None when it was started
     with our hba file (as every server this version starts is). Servers of older versions read
     the cluster's own pg_hba.conf, which said trust on 127.0.0.1."""
@@ -448,53 +328,6 @@ def _unsafe_reason(postmaster: _Postmaster, paths: Paths) -> str | None:
     )
 
 
-def _stop(postmaster: _Postmaster) -> None:
-    """Fast shutdown (SIGINT): sessions are ended, a checkpoint is written, the server exits."""
-    start = time.monotonic()
-    for signum, timeout in ((signal.SIGINT, _STOP_TIMEOUT), (signal.SIGQUIT, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(postmaster.pid, signum)
-        deadline = time.monotonic() + timeout
-        delay = 0.002
-        while pid_alive(postmaster.pid):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        else:
-            reap_if_ours(postmaster.pid)
-            logger.info(
-                "embedded PostgreSQL (pid %s) stopped in %.3f s",
-                postmaster.pid,
-                time.monotonic() - start,
-            )
-            return
-        logger.warning("embedded PostgreSQL (pid %s) ignored %s", postmaster.pid, signum.name)
-    raise EmbeddedPostgresError(f"the embedded PostgreSQL (pid {postmaster.pid}) would not stop")
-
-
-def _stop_if_running(data_dir: Path) -> None:
-    postmaster = _Postmaster.read(data_dir)
-    if postmaster is not None and _is_postmaster_of(postmaster.pid, data_dir):
-        _stop(postmaster)
-
-
-def _free_port(preferred: int | None) -> int:
-    for port in (preferred, 0):
-        if port is None:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            # As PostgreSQL does: a port in TIME_WAIT from our last run is free.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((_HOST, port))
-            except OSError:
-                continue
-            chosen: int = probe.getsockname()[1]
-            return chosen
-    raise EmbeddedPostgresError(f"no free TCP port on {_HOST}")
-
-
 # -- starting -------------------------------------------------------------------------------
 
 
@@ -510,7 +343,7 @@ class _Starter:
         self.registry = registry
         self.progress = progress
 
-    def start(self) -> _Postmaster:
+    def start(self) -> Postmaster:
         data_dir = self.paths.data_dir
         if self.account is not None:
             check_reachable(self.paths.base_dir, self.account)
@@ -523,12 +356,12 @@ class _Starter:
             self.progress(starting)
             return self.pg_ctl_start(SOCKET_PORT, tcp=False)
         self.progress(
-            f"{starting}, on {_HOST} with the password in {self.paths.password} (the path of "
+            f"{starting}, on {HOST} with the password in {self.paths.password} (the path of "
             "a unix socket there would be too long)"
         )
         port = self.registry.port
         for attempt in range(3):
-            port = _free_port(port)
+            port = free_port(port)
             try:
                 return self.pg_ctl_start(port, tcp=True)
             except EmbeddedPostgresError as exc:
@@ -561,11 +394,11 @@ class _Starter:
             self.binaries.program("postgres"), "--single", "-D", str(self.paths.data_dir),
             "-c", "exit_on_error=on", "-c", "log_min_error_statement=panic",
             "-c", "log_checkpoints=off", "-c", "password_encryption=scram-sha-256",
-            _SUPERUSER,
+            SUPERUSER,
         ]  # fmt: skip
-        statement = f"ALTER ROLE {_SUPERUSER} PASSWORD '{password}'\n"  # safe: _PASSWORD_RE
+        statement = f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'\n"  # safe: _PASSWORD_RE
         try:
-            run(command, account=self.account, timeout=_START_TIMEOUT + 30, input=statement)
+            run(command, account=self.account, timeout=START_TIMEOUT + 30, input=statement)
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").replace(password, "***").strip()
             raise EmbeddedPostgresError(
@@ -593,7 +426,7 @@ class _Starter:
         if self.account is not None:
             os.chown(staging, self.account.uid, self.account.gid, follow_symlinks=False)
         command = [
-            self.binaries.program("initdb"), "-D", str(staging), "-U", _SUPERUSER,
+            self.binaries.program("initdb"), "-D", str(staging), "-U", SUPERUSER,
             # Its own pg_hba.conf is not used (see make_safe), but it should be as safe.
             "--auth-local=trust", "--auth-host=reject", "--encoding=UTF8", "--locale=C",
         ]  # fmt: skip
@@ -608,14 +441,14 @@ class _Starter:
             ) from exc
         os.rename(staging, data_dir)
 
-    def pg_ctl_start(self, port: int, *, tcp: bool) -> _Postmaster:
+    def pg_ctl_start(self, port: int, *, tcp: bool) -> Postmaster:
         """Starts the server on its unix socket only, or (``tcp``) on 127.0.0.1 only."""
         data_dir, log = self.paths.data_dir, self.paths.log
         options = ["-p", str(port), "-c", f"hba_file={self.paths.hba}"]
         for setting in _SERVER_SETTINGS:
             options += ["-c", setting]
         if tcp:
-            options += ["-c", f"listen_addresses={_HOST}", "-c", "unix_socket_directories="]
+            options += ["-c", f"listen_addresses={HOST}", "-c", "unix_socket_directories="]
         else:
             options += ["-c", "listen_addresses=", "-c", f'unix_socket_directories="{data_dir}"']
         # No server runs here (checked under the lock): socket lock files left by a killed one
@@ -625,24 +458,24 @@ class _Starter:
         if log.exists():
             os.replace(log, log.with_name(log.name + ".1"))
         command = [
-            self.binaries.program("pg_ctl"), "start", "-w", "-t", str(int(_START_TIMEOUT)),
+            self.binaries.program("pg_ctl"), "start", "-w", "-t", str(int(START_TIMEOUT)),
             "-D", str(data_dir), "-l", str(log),
             # pg_ctl hands these to /bin/sh.
             "-o", " ".join(shlex.quote(option) for option in options),
         ]  # fmt: skip
         try:
-            run(command, account=self.account, timeout=_START_TIMEOUT + 30)
+            run(command, account=self.account, timeout=START_TIMEOUT + 30)
         except BaseException as exc:
             # pg_ctl puts the server in its own session, so neither pg_ctl's failure nor a
             # Ctrl-C reaching us and pg_ctl stops a server that came up late or half-way.
-            _stop_if_running(data_dir)
+            stop_if_running(data_dir)
             if not isinstance(exc, subprocess.SubprocessError):
                 raise
             raise EmbeddedPostgresError(
                 f"PostgreSQL failed to start in {data_dir} (deleting that folder with a reset "
                 f"starts afresh):\n{_tail(log)}"
             ) from exc
-        postmaster = _Postmaster.read(data_dir)
+        postmaster = Postmaster.read(data_dir)
         if postmaster is None or postmaster.status != "ready":
             raise EmbeddedPostgresError(
                 f"PostgreSQL started in {data_dir} but its postmaster.pid says otherwise:\n"
@@ -659,7 +492,7 @@ def _hba_rules(*, tcp: bool) -> str:
         "# No login over the network without a password.",
     ]
     if tcp:
-        lines.append(f"host all all {_HOST}/32 scram-sha-256")
+        lines.append(f"host all all {HOST}/32 scram-sha-256")
     else:
         lines.append("local all all trust")
     lines.append("host all all all reject")
@@ -673,7 +506,7 @@ def _tail(path: Path, lines: int = 20) -> str:
         return f"(no log: {exc})"
 
 
-def _ensure_database(postmaster: _Postmaster, password: str | None) -> None:
+def _ensure_database(postmaster: Postmaster, password: str | None) -> None:
     """Creates database :data:`DATABASE` if missing (at a cluster's first start, or on a server
     left by an older run)."""
     try:
