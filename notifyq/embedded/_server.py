@@ -6,8 +6,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
-import secrets
 import shlex
 import shutil
 import stat
@@ -22,6 +20,7 @@ from psycopg import sql
 
 from notifyq.db import redact
 from notifyq.embedded._account import check_reachable, is_root, run, service_account
+from notifyq.embedded._auth import hba_rules, new_password, read_password, unsafe_reason
 from notifyq.embedded._binaries import Binaries, find_binaries, runnable_binaries
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._layout import SOCKET_PORT, Paths, default_base_dir, make_dirs, write_file
@@ -52,8 +51,6 @@ _SERVER_SETTINGS = (
     # Defence in depth: the folder (0700) already keeps other accounts away from the socket.
     "unix_socket_permissions=0700",
 )
-# What secrets.token_urlsafe makes: safe in a URL and in a SQL literal as it is.
-_PASSWORD_RE = re.compile(r"[A-Za-z0-9_-]{32,}")
 
 
 class EmbeddedPostgres:
@@ -150,7 +147,7 @@ class EmbeddedPostgres:
                     f"{verb} embedded PostgreSQL {binaries.version} on {postmaster.where} "
                     f"(pid {postmaster.pid}, data in {data_dir})"
                 )
-            password = _read_password(paths) if postmaster.tcp else None
+            password = read_password(paths) if postmaster.tcp else None
             try:
                 if created or not had_users:
                     # A new cluster, or a server left by a killed process, may lack it.
@@ -260,7 +257,7 @@ class EmbeddedPostgres:
         postmaster = running_postmaster(paths.data_dir)
         if postmaster is None:
             return None
-        problem = _unsafe_reason(postmaster, paths)
+        problem = unsafe_reason(postmaster, paths)
         if problem is None:
             return postmaster
         if registry.users:
@@ -282,50 +279,6 @@ def reset(
 ) -> Path:
     """Deletes the embedded cluster of ``base_dir`` (see :meth:`EmbeddedPostgres.reset`)."""
     return EmbeddedPostgres(base_dir, bin_dir=bin_dir, on_progress=on_progress).reset()
-
-
-# -- the registry of users, and its lock -----------------------------------------------------
-
-
-def _read_password(paths: Paths) -> str | None:
-    """The superuser's password kept for a server on TCP, or None if there is none (or it is not
-    one that notifyq made)."""
-    try:
-        fd = os.open(paths.password, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd) as file:
-        text = file.read(1024).strip()
-    return text if _PASSWORD_RE.fullmatch(text) else None
-
-
-def _new_password(paths: Paths) -> str:
-    """A new password for the superuser, kept where only this account (and root) can read it:
-    the processes that join the server read it to log in; the server itself keeps a hash."""
-    password = secrets.token_urlsafe(32)
-    write_file(paths.password, password + "\n", 0o600)
-    return password
-
-
-# -- processes ------------------------------------------------------------------------------
-
-
-def _unsafe_reason(postmaster: Postmaster, paths: Paths) -> str | None:
-    """Why the running server may let someone in without a password: None when it was started
-    with our hba file (as every server this version starts is). Servers of older versions read
-    the cluster's own pg_hba.conf, which said trust on 127.0.0.1."""
-    url = postmaster.url("postgres", _read_password(paths) if postmaster.tcp else None)
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute("SELECT current_setting('hba_file')").fetchone()
-    except psycopg.Error as exc:
-        return f"cannot be checked ({str(exc).strip()})"
-    if row is not None and row[0] == str(paths.hba):
-        return None
-    return (
-        f"was started by an older notifyq, without the rules that ask for a password on "
-        f"{postmaster.where}"
-    )
 
 
 # -- starting -------------------------------------------------------------------------------
@@ -382,9 +335,9 @@ class _Starter:
             data_dir.chmod(0o700)
         tcp = not self.paths.socket_fits
         # Nothing secret in it, and the server's account (not root, as root) must read it.
-        write_file(self.paths.hba, _hba_rules(tcp=tcp), 0o644)
+        write_file(self.paths.hba, hba_rules(tcp=tcp), 0o644)
         if tcp:
-            self.set_password(_read_password(self.paths) or _new_password(self.paths))
+            self.set_password(read_password(self.paths) or new_password(self.paths))
 
     def set_password(self, password: str) -> None:
         """Sets the superuser's password in single-user mode: no server runs (the lock is held),
@@ -396,7 +349,7 @@ class _Starter:
             "-c", "log_checkpoints=off", "-c", "password_encryption=scram-sha-256",
             SUPERUSER,
         ]  # fmt: skip
-        statement = f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'\n"  # safe: _PASSWORD_RE
+        statement = f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'\n"  # safe: _auth.PASSWORD_RE
         try:
             run(command, account=self.account, timeout=START_TIMEOUT + 30, input=statement)
         except subprocess.CalledProcessError as exc:
@@ -482,21 +435,6 @@ class _Starter:
                 f"{_tail(log)}"
             )
         return postmaster
-
-
-def _hba_rules(*, tcp: bool) -> str:
-    """The client authentication rules: trust on the unix socket (in a folder only the server's
-    account and root can enter), a password on 127.0.0.1, nothing else."""
-    lines = [
-        "# Written by notifyq at each start of its embedded PostgreSQL (given as hba_file).",
-        "# No login over the network without a password.",
-    ]
-    if tcp:
-        lines.append(f"host all all {HOST}/32 scram-sha-256")
-    else:
-        lines.append("local all all trust")
-    lines.append("host all all all reject")
-    return "\n".join(lines) + "\n"
 
 
 def _tail(path: Path, lines: int = 20) -> str:
