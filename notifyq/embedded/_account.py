@@ -23,7 +23,6 @@ from notifyq.errors import ConfigurationError
 # The package's one logger, named as before it was split: logs.py quiets it, users filter on it.
 logger = logging.getLogger("notifyq.embedded")
 
-
 #: The system account the server runs as when notifyq runs as root.
 SERVICE_ACCOUNT = "notifyq-pg"
 

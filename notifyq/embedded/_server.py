@@ -1,5 +1,7 @@
-""":class:`EmbeddedPostgres`, the handle a process holds on the embedded server, and (until they
-move to modules of their own) everything it needs; the package docstring describes the whole."""
+""":class:`EmbeddedPostgres`, the handle a process holds on the embedded server: acquire (start it
+or join it, then register as a user), release (unregister; the last user stops it) and reset
+(delete the cluster while nobody uses it). Each step runs under the lock of ``_users``; the
+other modules of the package do the work. The package docstring describes the whole."""
 
 from __future__ import annotations
 
@@ -20,11 +22,7 @@ from notifyq.embedded._auth import read_password, unsafe_reason
 from notifyq.embedded._binaries import Binaries, find_binaries
 from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._layout import Paths, default_base_dir, make_dirs
-from notifyq.embedded._postmaster import (
-    Postmaster,
-    running_postmaster,
-    stop,
-)
+from notifyq.embedded._postmaster import Postmaster, running_postmaster, stop
 from notifyq.embedded._starter import Starter
 from notifyq.embedded._users import Registry, User, locked
 from notifyq.errors import ConfigurationError
@@ -262,9 +260,6 @@ def reset(
 ) -> Path:
     """Deletes the embedded cluster of ``base_dir`` (see :meth:`EmbeddedPostgres.reset`)."""
     return EmbeddedPostgres(base_dir, bin_dir=bin_dir, on_progress=on_progress).reset()
-
-
-# -- starting -------------------------------------------------------------------------------
 
 
 def _ensure_database(postmaster: Postmaster, password: str | None) -> None:
