@@ -32,9 +32,9 @@ from notifyq.embedded import (
     SERVICE_ACCOUNT,
     EmbeddedPostgres,
     EmbeddedPostgresError,
-    _service_account,
     reset,
 )
+from notifyq.embedded._account import service_account
 from notifyq.errors import ConfigurationError, NotifyQError
 from tests.helpers import ROOT
 
@@ -560,7 +560,7 @@ def run_as_server_account(command: list[str]) -> None:
     """Runs ``command`` as the account that owns clusters (this one, or as root the server's)."""
     privileges: dict[str, Any] = {}
     if IS_ROOT:
-        account = _service_account()
+        account = service_account()
         privileges = {"user": account.uid, "group": account.gid, "extra_groups": []}
     subprocess.run(
         command,
@@ -578,7 +578,7 @@ def make_trust_cluster(pg: EmbeddedPostgres) -> None:
     pg.data_dir.mkdir(mode=0o700, parents=True)
     if IS_ROOT:
         pg.data_dir.parent.chmod(0o755)
-        account = _service_account()
+        account = service_account()
         os.chown(pg.data_dir, account.uid, account.gid)
     initdb = str(pg.bin_dir / "initdb")
     run_as_server_account(
