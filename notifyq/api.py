@@ -69,9 +69,8 @@ from notifyq.models import (
 )
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
-from notifyq.supervisor import Supervisor
 from notifyq.tasks import Registry
-from notifyq.worker import Worker
+from notifyq.worker import Supervisor, Worker
 
 logger = logging.getLogger(__name__)
 

@@ -55,8 +55,18 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.bounds = LabelBounds()
+        self._job_families()
+        self._process_families()
+        self.depth_read_at = 0.0
+
+    def _job_families(self) -> None:
+        """What happened to jobs, by queue and task."""
         labels = ("queue", "task")
         r = self.registry
+
+        def by_queue(name: str, documentation: str) -> _ByQueue[Counter]:
+            return _ByQueue(Counter(name, documentation, labels, registry=r), self.bounds)
+
         self.enqueued = _Enqueued(
             Counter(
                 "notifyq_jobs_enqueued",
@@ -68,50 +78,18 @@ class Metrics:
         )
         # A worker claims only tasks it registered: the task label of what it ran is bounded
         # by its code, the queue label (clients choose queues) is not.
-        self.started = self._by_queue(
-            Counter(
-                "notifyq_jobs_started",
-                "Attempts started by this process's workers.",
-                labels,
-                registry=r,
-            )
+        self.started = by_queue(
+            "notifyq_jobs_started", "Attempts started by this process's workers."
         )
-        self.completed = self._by_queue(
-            Counter("notifyq_jobs_completed", "Jobs completed.", labels, registry=r)
+        self.completed = by_queue("notifyq_jobs_completed", "Jobs completed.")
+        self.failed = by_queue(
+            "notifyq_jobs_failed", "Jobs failed for good (no attempts left, or permanent)."
         )
-        self.failed = self._by_queue(
-            Counter(
-                "notifyq_jobs_failed",
-                "Jobs failed for good (no attempts left, or permanent).",
-                labels,
-                registry=r,
-            )
+        self.retried = by_queue(
+            "notifyq_jobs_retried", "Failed attempts that went back to the queue."
         )
-        self.retried = self._by_queue(
-            Counter(
-                "notifyq_jobs_retried",
-                "Failed attempts that went back to the queue.",
-                labels,
-                registry=r,
-            )
-        )
-        self.cancelled = self._by_queue(
-            Counter(
-                "notifyq_jobs_cancelled",
-                "Running jobs stopped by a cancel request.",
-                labels,
-                registry=r,
-            )
-        )
-        self.rescued = Counter(
-            "notifyq_jobs_rescued",
-            "Jobs of other workers whose lease ran out, requeued (or failed) by this process.",
-            registry=r,
-        )
-        self.lost = Counter(
-            "notifyq_outcomes_discarded",
-            "Outcomes discarded because the worker had lost the job's lease.",
-            registry=r,
+        self.cancelled = by_queue(
+            "notifyq_jobs_cancelled", "Running jobs stopped by a cancel request."
         )
         self.pickup = self._by_queue(
             Histogram(
@@ -130,6 +108,20 @@ class Metrics:
                 buckets=_RUN_BUCKETS,
                 registry=r,
             )
+        )
+
+    def _process_families(self) -> None:
+        """What this process's workers and listener did, and the queues' depth."""
+        r = self.registry
+        self.rescued = Counter(
+            "notifyq_jobs_rescued",
+            "Jobs of other workers whose lease ran out, requeued (or failed) by this process.",
+            registry=r,
+        )
+        self.lost = Counter(
+            "notifyq_outcomes_discarded",
+            "Outcomes discarded because the worker had lost the job's lease.",
+            registry=r,
         )
         self.reconnects = Counter(
             "notifyq_listener_reconnects",
@@ -159,7 +151,6 @@ class Metrics:
             ("queue",),
             registry=r,
         )
-        self.depth_read_at = 0.0
 
     def _by_queue(self, family: _Family) -> _ByQueue[_Family]:
         return _ByQueue(family, self.bounds)

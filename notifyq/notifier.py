@@ -1,17 +1,18 @@
 """The listener: one dedicated LISTEN connection per process, kept alive and reconnected.
 
-NOTIFY is only a hint. The listener never reads jobs; it calls the handler of each channel with
-the notification's payload (``notifyq``: a queue has new work; ``notifyq_cancel``: a job id to
-stop) and ``on_connect()`` after every (re)connect, because notifications sent while it was away
-are gone and the worker must look at the table once. It probes the connection when
-nothing arrived for a while, so a dead TCP connection cannot pass for a quiet one.
+NOTIFY is only a hint. The listener never reads jobs; it calls the handlers subscribed to each
+channel with the notification's payload (``notifyq``: a queue has new work; ``notifyq_cancel``: a
+job id to stop) and its ``on_connect`` callbacks after every (re)connect, because notifications
+sent while it was away are gone and a worker must look at the table once. It probes the
+connection when nothing arrived for a while, so a dead TCP connection cannot pass for a quiet
+one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -31,21 +32,22 @@ CANCEL_CHANNEL = "notifyq_cancel"
 
 
 class Listener:
-    """Holds LISTEN on its own autocommit connection for the channels of ``handlers``."""
+    """Holds LISTEN on its own autocommit connection for ``channels``, and hands each
+    notification to the handlers subscribed to its channel (any number: one connection per
+    process, fanned out in memory)."""
 
     def __init__(
         self,
         url: str,
         *,
-        handlers: dict[str, Callable[[str], None]],
-        on_connect: Callable[[], None],
+        channels: Sequence[str] = (CHANNEL, CANCEL_CHANNEL),
         connect_kwargs: dict[str, Any],
         probe_interval: float = 5.0,
         max_backoff: float = 2.0,
     ) -> None:
         self._url = url
-        self._handlers = handlers
-        self._on_connect = on_connect
+        self._handlers: dict[str, list[Callable[[str], None]]] = {c: [] for c in channels}
+        self._on_connect: list[Callable[[], None]] = []
         self._kwargs = {**connect_kwargs, "autocommit": True}
         # The listener must not inherit the pool's statement timeout: it only waits.
         self._kwargs.pop("options", None)
@@ -55,6 +57,20 @@ class Listener:
         self.reconnects = 0
         self.notifications = 0
         self.last_seen = 0.0
+
+    def subscribe(self, channel: str, handler: Callable[[str], None]) -> Callable[[], None]:
+        """Calls ``handler(payload)`` for each notification on ``channel`` (one of the
+        listener's channels); answers the function that unsubscribes it."""
+        handlers = self._handlers[channel]
+        handlers.append(handler)
+        return lambda: handlers.remove(handler)
+
+    def on_connect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``callback()`` after every (re)connect, once LISTEN is live: notifications
+        sent while the listener was away are gone, so the subscriber must look at the table.
+        Answers the function that removes it."""
+        self._on_connect.append(callback)
+        return lambda: self._on_connect.remove(callback)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listens until cancelled. Reports started once the first LISTEN is live; raises
@@ -86,7 +102,8 @@ class Listener:
                     else:
                         started = True
                         task_status.started()
-                    self._on_connect()
+                    for callback in list(self._on_connect):
+                        callback()
                     await self._receive(conn)
             except Exception as exc:
                 if not is_connection_error(exc):
@@ -115,8 +132,7 @@ class Listener:
             async for notify in conn.notifies(timeout=self._probe_interval):
                 self.notifications += 1
                 self.last_seen = time.monotonic()
-                handler = self._handlers.get(notify.channel)
-                if handler is not None:
+                for handler in self._handlers.get(notify.channel, ()):
                     handler(notify.payload)
             # Quiet for a probe interval: make sure the connection is still alive. A dead peer
             # makes this fail (keepalives bound the wait) instead of waiting forever.

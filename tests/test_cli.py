@@ -212,7 +212,7 @@ def test_serve_exposes_metrics_and_stops_on_sigterm(db_url: str, tmp_path: Path)
     port = free_port()
     with processes(tmp_path) as start:
         server = start("serve", "--port", str(port), env=notifyq_env(db_url))
-        server.wait_for_output("Application startup complete")
+        server.wait_for_output("Uvicorn running on")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
             job_id = client.post("/jobs", json={"payload": {"n": 1}}).json()["job_id"]
             deadline = time.monotonic() + 10
@@ -276,7 +276,7 @@ def test_dev_with_no_database_url_runs_and_leaves_no_server(
     port = free_port()
     with processes(tmp_path) as start:
         dev = start("dev", "--port", str(port), env=env, name="dev")
-        dev.wait_for_output("Application startup complete", timeout=60)
+        dev.wait_for_output("Uvicorn running on", timeout=60)
         output = dev.output()
         assert f"http://127.0.0.1:{port}/docs" in output
         assert str(embedded_home) in output

@@ -252,7 +252,7 @@ def test_terminating_every_backend_mid_load_loses_no_accepted_job(
     with processes(tmp_path) as start:
         api = start("serve", "--port", str(port), env=env, name="serve")
         worker = start("worker", env=env, name="worker")
-        api.wait_for_output("Application startup complete")
+        api.wait_for_output("Uvicorn running on")
         worker.wait_for_output("ready")
         stop = threading.Event()
 
@@ -331,7 +331,7 @@ def test_a_postgresql_restart_mid_load_loses_nothing(
         with processes(tmp_path) as start:
             api = start("serve", "--port", str(port), env=env, name="serve")
             worker = start("worker", env=env, name="worker")
-            api.wait_for_output("Application startup complete")
+            api.wait_for_output("Uvicorn running on")
             worker.wait_for_output("ready")
             down = threading.Event()
 

@@ -296,7 +296,7 @@ def served(db_url: str, tmp_path: Path, **env: str) -> Iterator[tuple[int, int]]
     port = free_port()
     with processes(tmp_path) as start:
         server = start("serve", "--no-worker", "--port", str(port), env=notifyq_env(db_url, **env))
-        server.wait_for_output("Application startup complete")
+        server.wait_for_output("Uvicorn running on")
         yield port, server.pid
 
 

@@ -218,7 +218,7 @@ async def test_a_worker_role_runs_the_worker_and_the_api_without_migrating(
         )
         with processes(tmp_path) as start:
             serve = start("serve", "--port", "0", env=dml_only, name="serve")
-            serve.wait_for_output("Application startup complete")
+            serve.wait_for_output("Uvicorn running on")
             standalone = start("worker", "--concurrency", "2", env=dml_only, name="worker")
             standalone.wait_for_output("ready")
             cursor = await conn.execute(

@@ -17,7 +17,8 @@ from notifyq.client import Queue
 from notifyq.errors import TaskError
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task
-from notifyq.worker import Worker, _ticks
+from notifyq.worker import Worker
+from notifyq.worker._periodic import ticks as _ticks
 from tests.helpers import (
     ROOT,
     insert_in_state,

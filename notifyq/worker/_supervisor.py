@@ -17,7 +17,9 @@ import anyio
 from anyio.abc import TaskStatus
 
 from notifyq.errors import describe
-from notifyq.worker import Worker
+from notifyq.worker._worker import Worker
+
+__all__ = ["Supervisor"]
 
 logger = logging.getLogger(__name__)
 

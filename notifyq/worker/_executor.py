@@ -1,0 +1,144 @@
+"""Running one attempt of a job: :class:`Executor`.
+
+The executor calls the task's handler with the payload (and a :class:`~notifyq.JobContext`),
+under the task's timeout, and answers what became of it as a value: a
+:class:`~notifyq.models.Success` with the result encoded as JSON, or a
+:class:`~notifyq.models.Failure` saying whether to retry and after how long. A job's own errors
+never leave it as exceptions; cancellation does (the runner that called it decides why)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from pathlib import Path
+
+import anyio
+
+from notifyq.context import JobContext
+from notifyq.errors import InvalidJob, PermanentFailure
+from notifyq.models import ClaimedJob, Failure, Success, Undecodable, encode_json
+from notifyq.retry import Backoff
+from notifyq.tasks import Task
+from notifyq.worker._telemetry import Telemetry
+
+__all__ = ["MAX_ERROR_LENGTH", "Executor", "describe_failure"]
+
+logger = logging.getLogger("notifyq.worker")
+
+#: Longest error text kept for an attempt.
+MAX_ERROR_LENGTH = 4000
+
+
+class Executor:
+    """Runs attempts for one worker: ``backoff`` is the retry policy of tasks that set none;
+    ``limiter`` bounds the threads of plain-function handlers."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        backoff: Backoff,
+        limiter: anyio.CapacityLimiter,
+        telemetry: Telemetry,
+    ) -> None:
+        self._worker_id = worker_id
+        self._backoff = backoff
+        self._limiter = limiter
+        self._telemetry = telemetry
+
+    async def attempt(self, job: ClaimedJob, task: Task) -> Success | Failure:
+        """Runs the handler once and answers its outcome."""
+        started = time.monotonic()
+        outcome = await self._attempt(job, task, started)
+        self._telemetry.ran(job, outcome.seconds)
+        return outcome
+
+    async def _attempt(self, job: ClaimedJob, task: Task, started: float) -> Success | Failure:
+        if isinstance(job.payload, Undecodable):
+            # Stored by SQL, unreadable: this job can never run. Fail it at once, and only it.
+            reason = f"the job's payload cannot be used: {job.payload.reason}"
+            return self._failure(job, task, reason, started, retryable=False)
+        context = JobContext(
+            job.id,
+            job.task,
+            job.queue,
+            job.attempt,
+            job.max_attempts,
+            job.priority,
+            self._worker_id,
+        )
+        timed_out = False
+        try:
+            if task.timeout is None:
+                result = await task.run(job.payload, self._limiter, context)
+            else:
+                with anyio.move_on_after(task.timeout) as deadline:
+                    result = await task.run(job.payload, self._limiter, context)
+                timed_out = deadline.cancelled_caught
+        except PermanentFailure as exc:
+            return self._failure(job, task, describe_failure(exc), started, retryable=False)
+        except Exception as exc:
+            logger.warning(
+                "job %s (%s) attempt %d/%d failed after %.3fs: %s",
+                job.id,
+                job.task,
+                job.attempt,
+                job.max_attempts,
+                time.monotonic() - started,
+                describe_failure(exc),
+                exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            error = describe_failure(exc, with_traceback=True)
+            return self._failure(job, task, error, started, retryable=True)
+        if timed_out:
+            error = (
+                f"TimeoutError: task {task.name!r} ran past its {task.timeout:g}s timeout and "
+                "was cancelled"
+            )
+            return self._failure(job, task, error, started, retryable=True)
+        try:
+            result_json = encode_json(result, what=f"the result of task {task.name!r}")
+        except InvalidJob as exc:
+            return self._failure(job, task, str(exc), started, retryable=False)
+        return Success(job.id, job.claim, result_json, time.monotonic() - started)
+
+    def _failure(
+        self, job: ClaimedJob, task: Task, error: str, started: float, *, retryable: bool
+    ) -> Failure:
+        backoff = task.backoff or self._backoff
+        return Failure(
+            job.id,
+            job.claim,
+            error,
+            retryable,
+            backoff.delay(job.attempt),
+            time.monotonic() - started,
+        )
+
+
+def describe_failure(exc: BaseException, *, with_traceback: bool = False) -> str:
+    """``Type: message``, then (optionally) where it was raised; bounded and free of NUL."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if with_traceback and exc.__traceback__ is not None:
+        frames = traceback.extract_tb(exc.__traceback__)[-3:]
+        where = "; ".join(f"{_short_path(f.filename)}:{f.lineno} in {f.name}" for f in frames)
+        text = f"{text}\n  at {where}"
+    text = text.replace("\x00", "\\0")
+    if len(text) > MAX_ERROR_LENGTH:
+        text = text[: MAX_ERROR_LENGTH - 20] + "... (truncated)"
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _short_path(filename: str) -> str:
+    """A source path without the machine's folders: from the package root of an installed
+    module, else relative to the working folder, else the last two parts."""
+    path = Path(filename)
+    parts = path.parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1 :])
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return "/".join(parts[-2:])

@@ -1,0 +1,243 @@
+"""The ledger: the one owner of a worker's shared state.
+
+A claimed job is an :class:`Entry` here from its claim to the write of its outcome. The producer
+adds entries (:meth:`Ledger.take`) as slots allow; a runner begins and ends one
+(:meth:`Ledger.begin`, :meth:`Ledger.end`); the heartbeat reads what is held and confirmed, and
+drops what another worker took over (:meth:`Ledger.lose`); the outcome writer lets entries go once
+their outcome is in the database (:meth:`Ledger.let_go`). The ledger also carries the producer's
+wake-ups (:class:`Wake`) and the worker's stop. Other services ask it; none reaches into its
+dictionaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from uuid import UUID
+
+import anyio
+
+from notifyq.models import ClaimedJob, Held
+from notifyq.tasks import Task
+
+__all__ = ["CancelReason", "Entry", "Ledger", "Wake", "WakeReason"]
+
+
+class WakeReason(str, Enum):
+    """What made the producer claim (the ``woken_by`` label of ``notifyq_claims_total``)."""
+
+    START = "start"
+    NOTIFY = "notify"
+    POLL = "poll"
+    SLOT = "slot"
+    CONNECT = "connect"
+    LOOP = "loop"
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CancelReason(str, Enum):
+    """Why a job's handler is being stopped, which decides what its outcome is."""
+
+    #: A cancel request (POST /jobs/{id}/cancel): the job ends cancelled.
+    REQUESTED = "cancel"
+    #: The shutdown grace ran out: the job goes back to the queue, attempt not counted.
+    SHUTDOWN = "shutdown"
+    #: Another worker took the job over (its lease ran out): nothing is written.
+    LEASE_LOST = "lease_lost"
+
+
+class Wake:
+    """The producer's wake-up: an event to wait on, replaced each time it is set, and the reason
+    of the latest one. Taking :attr:`waiter` before a claim means a wake-up that arrives while
+    the claim runs is not missed."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self.reason = WakeReason.START
+
+    @property
+    def waiter(self) -> anyio.Event:
+        """The event the next :meth:`signal` sets."""
+        return self._event
+
+    def signal(self, reason: WakeReason) -> None:
+        """Wakes the producer, for ``reason``."""
+        self.reason = reason
+        event, self._event = self._event, anyio.Event()
+        event.set()
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """A job this worker holds, from its claim to the write of its outcome."""
+
+    job: ClaimedJob
+    task: Task
+    #: Why its handler is being stopped, or None.
+    cancel_reason: CancelReason | None = None
+    #: Whether its handler was called: the heartbeat confirms only these (notifyq.beat_v1).
+    started: bool = False
+    #: Whether a runner has it now.
+    running: bool = False
+    #: The runner's cancel scope, while the handler runs.
+    scope: anyio.CancelScope | None = None
+
+    @property
+    def held(self) -> Held:
+        """Its id and the claim number that fences every write about it."""
+        return Held(self.job.id, self.job.claim)
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Stops its handler if it runs; one that has not started yet will not start. The first
+        reason given is the one that counts."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class Ledger:
+    """The jobs a worker holds, its free slots, the producer's wake-ups and the worker's stop."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._entries: dict[UUID, Entry] = {}
+        self._free = concurrency
+        self._active = 0
+        self._starved = False
+        self._idle = anyio.Event()
+        self._idle.set()
+        self.wake = Wake()
+        self.stopping = False
+        #: Wake the producer whenever the last running job ends (burst mode drains, then exits).
+        self.wake_when_idle = False
+
+    # -- slots ----------------------------------------------------------------------------
+
+    @property
+    def free(self) -> int:
+        """Slots for more jobs."""
+        return self._free
+
+    @property
+    def active(self) -> int:
+        """Jobs given to runners whose runner has not finished them."""
+        return self._active
+
+    def starve(self) -> None:
+        """The producer waits for a free slot: the next job to end wakes it."""
+        self._starved = True
+
+    async def idle(self) -> None:
+        """Returns once no job is active."""
+        await self._idle.wait()
+
+    # -- a job's way through ---------------------------------------------------------------
+
+    def take(self, job: ClaimedJob, task: Task) -> Entry:
+        """Records a claimed job, which takes a slot until its runner ends it."""
+        entry = Entry(job, task)
+        self._entries[job.id] = entry
+        self._free -= 1
+        if self._active == 0:
+            self._idle = anyio.Event()
+        self._active += 1
+        return entry
+
+    def begin(self, entry: Entry, scope: anyio.CancelScope) -> bool:
+        """A runner is about to call the handler, inside ``scope``; False when the job was
+        cancelled before it started (then it must not start)."""
+        entry.running = True
+        if entry.cancel_reason is not None:
+            return False
+        entry.started = True
+        entry.scope = scope
+        return True
+
+    def end(self, entry: Entry) -> None:
+        """The runner is done with the job (its outcome, if any, is on its way to the writer):
+        the slot is free again."""
+        entry.scope = None
+        entry.running = False
+        self._free += 1
+        self._active -= 1
+        if self._starved:
+            self._starved = False
+            self.wake.signal(WakeReason.SLOT)
+        if self._active == 0:
+            self._idle.set()
+            if self.wake_when_idle:
+                self.wake.signal(WakeReason.OTHER)
+
+    def let_go(self, held: Held) -> Entry | None:
+        """Forgets a job whose outcome was written (or discarded); answers its entry, or None
+        when the ledger no longer holds that claim."""
+        entry = self._entries.get(held.job_id)
+        if entry is None or entry.job.claim != held.claim:
+            return None
+        del self._entries[held.job_id]
+        return entry
+
+    def lose(self, held: Held) -> Entry | None:
+        """Another worker holds the job now: forgets it and stops its handler. Answers the
+        entry when it was running here."""
+        entry = self._entries.get(held.job_id)
+        if entry is None or entry.job.claim != held.claim or not entry.running:
+            return None
+        del self._entries[held.job_id]
+        entry.cancel(CancelReason.LEASE_LOST)
+        return entry
+
+    # -- what others ask -------------------------------------------------------------------
+
+    def held(self) -> list[Held]:
+        """Every job held now."""
+        return [entry.held for entry in self._entries.values()]
+
+    def confirmed(self) -> set[UUID]:
+        """The held jobs whose handler was called."""
+        return {job_id for job_id, entry in self._entries.items() if entry.started}
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry (a snapshot: callers may change the ledger meanwhile)."""
+        return iter(list(self._entries.values()))
+
+    def cancel(self, job_id: UUID | str, reason: CancelReason) -> Entry | None:
+        """Stops the handler of a held job; answers its entry, or None when not held."""
+        key = job_id if isinstance(job_id, UUID) else _as_uuid(job_id)
+        entry = None if key is None else self._entries.get(key)
+        if entry is not None and entry.running:
+            entry.cancel(reason)
+            return entry
+        if entry is not None and entry.cancel_reason is None and not entry.started:
+            entry.cancel(reason)  # not started yet: it will not start
+            return entry
+        return None
+
+    def cancel_active(self, reason: CancelReason) -> int:
+        """Stops every handler still running (and every job not started yet)."""
+        stopped = 0
+        for entry in self.entries():
+            if entry.running or not entry.started:
+                if entry.cancel_reason is None:
+                    stopped += 1
+                entry.cancel(reason)
+        return stopped
+
+    def stop(self) -> None:
+        """The worker stops claiming: wakes the producer so that it sees it."""
+        self.stopping = True
+        self.wake.signal(WakeReason.OTHER)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _as_uuid(text: str) -> UUID | None:
+    try:
+        return UUID(text)
+    except ValueError:
+        return None

@@ -1,0 +1,302 @@
+"""The producer: claims jobs whenever a slot is free and there may be work, and sleeps exactly as
+long as nothing can be due.
+
+It waits for whichever comes first: a notification, a freed slot when it was saturated, the
+fallback poll timer, the next known ``run_at``, a half-open circuit breaker's probe time, or the
+stop; then claims up to the number of free slots in one statement (jobs under a limit first),
+and again while a claim comes back full. Before it sleeps it registers the worker as idle
+(:class:`IdleMark`), so that inserts of its queues notify, and claims once more under the lock
+that waits for inserts in flight (see notifyq.mark_waiting_v1): an insert that looked just before
+the registration, and did not notify, is seen then.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import anyio
+
+from notifyq.errors import NotifyQError
+from notifyq.models import ClaimedJob
+from notifyq.tasks import Registry
+from notifyq.worker._ledger import Ledger, WakeReason
+from notifyq.worker._runners import Runners
+from notifyq.worker._stats import Signals, WorkerStats
+from notifyq.worker._store import WorkerStore
+from notifyq.worker._telemetry import Telemetry
+
+__all__ = [
+    "BREAKER_TICK",
+    "LIMIT_TICK",
+    "MAX_CLAIM_BATCH",
+    "UNSURE_RECHECK",
+    "IdleMark",
+    "Producer",
+    "sleep_for",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Most jobs one claim statement takes, however many slots are free.
+MAX_CLAIM_BATCH = 500
+#: Seconds between looks for half-open circuit breakers (only with breakers configured).
+BREAKER_TICK = 1.0
+#: While registered as waiting without the lock (an insert's transaction stayed open), claim
+#: again this often until a registration gets it.
+UNSURE_RECHECK = 0.25
+#: While some task or queue has a limit, claim this often: tokens refill and slots free up
+#: without notifications.
+LIMIT_TICK = 0.25
+
+
+def sleep_for(
+    *,
+    poll_interval: float,
+    next_due: float | None,
+    probe_in: float | None,
+    unsure: bool,
+    limited: bool,
+) -> float:
+    """How long an idle producer may sleep: until the fallback poll, the next known ``run_at``
+    (``next_due`` seconds), the next breaker probe (``probe_in``), and at most UNSURE_RECHECK
+    while its idle mark is ``unsure`` and LIMIT_TICK while jobs are under a limit."""
+    timeout = poll_interval
+    if next_due is not None:
+        timeout = min(timeout, max(next_due, 0.0))
+    if probe_in is not None:
+        timeout = min(timeout, max(probe_in, 0.0))
+    if unsure:
+        timeout = min(timeout, UNSURE_RECHECK)
+    if limited:
+        timeout = min(timeout, LIMIT_TICK)
+    return timeout
+
+
+class IdleMark:
+    """This worker's row in notifyq.waiting_workers. While it is there, inserts of its queues
+    notify; busy workers leave it out, and claim again as slots free."""
+
+    def __init__(
+        self, store: WorkerStore, *, worker_id: str, queues: Sequence[str] | None, ttl: float
+    ) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._queues = queues
+        self._ttl = ttl
+        #: Whether this worker believes its mark is in the table.
+        self.registered = False
+        #: Whether the registration waited for the inserts in flight.
+        self.sure = False
+
+    async def mark(self) -> bool:
+        """Registers the worker as waiting; answers whether the registration waited for the
+        inserts in flight (then a claim right after it sees them all)."""
+        try:
+            sure = await self._store.mark_waiting(self._worker_id, self._queues, self._ttl)
+        except NotifyQError as exc:
+            logger.warning("could not mark the worker idle (%s); polling", exc)
+            return False
+        self.registered, self.sure = True, sure
+        return sure
+
+    async def clear(self) -> None:
+        """The worker is busy (or stopping): inserts stop waking it."""
+        self.registered = self.sure = False
+        try:
+            await self._store.unmark_waiting(self._worker_id)
+        except NotifyQError as exc:
+            logger.debug("could not unmark the worker (%s); its mark expires", exc)
+
+    async def refresh(self) -> None:
+        """Keeps the mark from expiring while the worker still waits."""
+        if self.registered:
+            await self._store.refresh_waiting(self._worker_id, self._ttl)
+
+    def forget(self) -> None:
+        """After a reconnect: a server restart empties the (unlogged) table, so register
+        again before the next sleep."""
+        self.registered = self.sure = False
+
+
+class Producer:
+    """Claims jobs for one worker and hands them to its runners."""
+
+    def __init__(
+        self,
+        store: WorkerStore,
+        ledger: Ledger,
+        runners: Runners,
+        registry: Registry,
+        idle: IdleMark,
+        telemetry: Telemetry,
+        *,
+        worker_id: str,
+        queues: Sequence[str] | None,
+        lease: float,
+        poll_interval: float,
+        guarded: Sequence[str],
+        limits_exist: bool,
+        limits_interval: float,
+        burst: bool,
+        stats: WorkerStats,
+        signals: Signals,
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._runners = runners
+        self._registry = registry
+        self._tasks = registry.names()
+        self._idle = idle
+        self._telemetry = telemetry
+        self._worker_id = worker_id
+        self._queues = queues
+        self._lease = lease
+        self._poll_interval = poll_interval
+        self._guarded = list(guarded)
+        self._next_probe = 0.0
+        self._limits_exist = limits_exist
+        self._limits_interval = limits_interval
+        self._limits_read_at = time.monotonic()
+        self._burst = burst
+        self._stats = stats
+        self._signals = signals
+        ledger.wake_when_idle = burst
+
+    async def run(self) -> None:
+        """Claims until the worker stops (or, in burst mode, until nothing is due and nothing
+        runs)."""
+        failures = 0
+        ledger = self._ledger
+        while not ledger.stopping:
+            # Taken before the claim: a wake-up that arrives while the claim runs sets this
+            # event, so the wait below returns at once instead of missing it.
+            wake = ledger.wake.waiter
+            if ledger.free == 0:
+                ledger.starve()
+                if self._idle.registered:
+                    await self._idle.clear()  # a busy worker claims as slots free
+                await wake.wait()
+                continue
+            await self._read_limits_if_due()
+            if self._guarded and time.monotonic() >= self._next_probe:
+                await self._probe_breakers()
+            limit = min(ledger.free, MAX_CLAIM_BATCH)
+            if limit == 0:
+                continue
+            limited = await self._claim_limited(limit) if self._limits_exist else []
+            self._start(limited)
+            limit -= len(limited)
+            if limit == 0:
+                continue
+            try:
+                claimed = await self._store.claim(
+                    worker_id=self._worker_id,
+                    tasks=self._tasks,
+                    queues=self._queues,
+                    limit=limit,
+                    lease=self._lease,
+                )
+                failures = 0
+            except NotifyQError as exc:
+                failures += 1
+                delay = min(0.2 * 2**failures, self._poll_interval)
+                logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                with anyio.move_on_after(delay):
+                    await wake.wait()
+                continue
+            self._claimed(claimed)
+            if len(claimed) == limit:
+                continue
+            if not claimed and not limited:
+                self._stats.empty_claims += 1
+                self._signals.idle.fire()
+                if self._burst and ledger.active == 0:
+                    return
+            if not self._idle.sure and await self._idle.mark():
+                # Registered under the lock that waits for in-flight inserts: claim once more,
+                # as those inserts did not notify.
+                continue
+            await self._sleep(wake)
+
+    def _claimed(self, jobs: list[ClaimedJob]) -> None:
+        self._stats.claims += 1
+        self._telemetry.claimed(bool(jobs), str(self._ledger.wake.reason))
+        self._ledger.wake.reason = WakeReason.LOOP
+        if jobs:
+            self._signals.claimed.fire()
+        self._start(jobs)
+
+    def _start(self, jobs: list[ClaimedJob]) -> None:
+        for job in jobs:
+            task = self._registry.get(job.task)
+            assert task is not None, "claimed a task this worker does not serve"
+            entry = self._ledger.take(job, task)
+            self._stats.claimed += 1
+            self._telemetry.started(job)
+            self._runners.give(entry)
+
+    async def _claim_limited(self, limit: int) -> list[ClaimedJob]:
+        try:
+            return await self._store.claim_limited(
+                worker_id=self._worker_id,
+                tasks=self._tasks,
+                queues=self._queues,
+                limit=limit,
+                lease=self._lease,
+            )
+        except NotifyQError as exc:
+            logger.warning("limited claim failed: %s", exc)
+            return []
+
+    async def _read_limits_if_due(self) -> None:
+        """Limits are set by workers and operators at any time: read whether any exists every
+        so often (the limited claim costs a statement of its own)."""
+        if time.monotonic() - self._limits_read_at < self._limits_interval:
+            return
+        self._limits_read_at = time.monotonic()
+        try:
+            self._limits_exist = await self._store.limits_exist(self._tasks)
+        except NotifyQError as exc:
+            logger.warning("reading limits failed: %s", exc)
+
+    async def _probe_breakers(self) -> None:
+        """Once a second: for each task whose breaker is half-open, try to win its probe and
+        run one job of it."""
+        self._next_probe = time.monotonic() + BREAKER_TICK
+        try:
+            won = await self._store.take_breaker_probes(self._guarded)
+            for name in won:
+                if self._ledger.free == 0:
+                    break
+                logger.info("task %s: circuit breaker half-open, running one probe job", name)
+                claimed = await self._store.claim(
+                    worker_id=self._worker_id,
+                    tasks=[name],
+                    queues=self._queues,
+                    limit=1,
+                    lease=self._lease,
+                    probe=True,
+                )
+                self._start(claimed)
+        except NotifyQError as exc:
+            logger.warning("circuit breaker probe failed: %s", exc)
+
+    async def _sleep(self, wake: anyio.Event) -> None:
+        """Waits for a wake-up, or as long as :func:`sleep_for` allows."""
+        try:
+            due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
+        except NotifyQError:
+            due = None
+        timeout = sleep_for(
+            poll_interval=self._poll_interval,
+            next_due=due,
+            probe_in=self._next_probe - time.monotonic() if self._guarded else None,
+            unsure=self._idle.registered and not self._idle.sure,
+            limited=self._limits_exist,
+        )
+        with anyio.move_on_after(timeout) as waited:
+            await wake.wait()
+        if waited.cancelled_caught:
+            self._ledger.wake.reason = WakeReason.POLL

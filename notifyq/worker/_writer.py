@@ -1,0 +1,235 @@
+"""The outcome writer: what became of the attempts a worker ran, written in batches.
+
+Runners hand it outcomes as values (:meth:`OutcomeWriter.record`, :meth:`~OutcomeWriter.release`,
+:meth:`~OutcomeWriter.cancelled`); a task of its own writes them, one statement per kind, each
+fenced in the database by (worker, claim), as soon as there is something to write. An outcome
+leaves the writer only once written, so a write cut by a broken connection is made again. If
+the database refuses a batch for a reason other than its connection, the items are written one
+by one, so one bad row cannot hold back the others.
+
+It is an async context manager (:meth:`OutcomeWriter.open`): on exit, shielded and bounded in
+time, it writes what is left and puts every job the worker still holds without an outcome back
+in the queue, attempt not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+from uuid import UUID
+
+import anyio
+
+from notifyq.errors import DatabaseError, DatabaseUnavailable
+from notifyq.models import Failure, Held, JobStatus, OutcomeKind, Success
+from notifyq.worker._ledger import Ledger, WakeReason
+from notifyq.worker._stats import Signals, WorkerStats
+from notifyq.worker._store import WorkerStore
+from notifyq.worker._telemetry import Telemetry
+
+__all__ = ["FINAL_WRITE_TIMEOUT", "OutcomeWriter"]
+
+logger = logging.getLogger(__name__)
+
+#: How long the final writes of a stopping worker may take.
+FINAL_WRITE_TIMEOUT = 10.0
+
+Item = TypeVar("Item", Success, Failure, Held)
+Written = TypeVar("Written", set[UUID], dict[UUID, JobStatus])
+
+
+class OutcomeWriter:
+    """Writes the outcomes of one worker's jobs."""
+
+    def __init__(
+        self,
+        store: WorkerStore,
+        ledger: Ledger,
+        telemetry: Telemetry,
+        *,
+        worker_id: str,
+        stats: WorkerStats,
+        signals: Signals,
+        final_timeout: float = FINAL_WRITE_TIMEOUT,
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._telemetry = telemetry
+        self._worker_id = worker_id
+        self._stats = stats
+        self._signals = signals
+        self._final_timeout = final_timeout
+        self._done: list[Success] = []
+        self._failed: list[Failure] = []
+        self._released: list[Held] = []
+        self._cancelled: list[Held] = []
+        self._lock = anyio.Lock()
+        self._pending = anyio.Event()
+
+    # -- what runners hand over ------------------------------------------------------------
+
+    def record(self, outcome: Success | Failure) -> None:
+        """A finished attempt, to be written."""
+        if isinstance(outcome, Success):
+            self._done.append(outcome)
+        else:
+            self._failed.append(outcome)
+        self._pending.set()
+
+    def release(self, held: Held) -> None:
+        """A job interrupted by the shutdown: back to the queue, attempt not counted."""
+        self._released.append(held)
+        self._pending.set()
+
+    def cancelled(self, held: Held) -> None:
+        """A job whose handler a cancel request stopped."""
+        self._cancelled.append(held)
+        self._pending.set()
+
+    def __bool__(self) -> bool:
+        return bool(self._done or self._failed or self._released or self._cancelled)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[OutcomeWriter]:
+        """Writes outcomes as they come while the block runs, and what is left at its end."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_writing)
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.move_on_after(self._final_timeout, shield=True):
+                await self._final_writes()
+
+    async def _keep_writing(self) -> None:
+        failures = 0
+        while True:
+            await self._pending.wait()
+            self._pending = anyio.Event()
+            try:
+                # Shielded: a write cancelled halfway may commit while its answer is lost (the
+                # final writes would then write it again, and count it as discarded).
+                with anyio.CancelScope(shield=True):
+                    await self.flush()
+                failures = 0
+            except DatabaseUnavailable as exc:
+                failures += 1
+                delay = min(0.2 * 2**failures, 5.0)
+                logger.warning("recording outcomes failed (%s); retrying in %.1fs", exc, delay)
+                await anyio.sleep(delay)
+                self._pending.set()
+
+    async def flush(self) -> None:
+        """Writes everything handed over so far. Raises DatabaseUnavailable (what is not
+        written stays here) while the database is away."""
+        async with self._lock:
+            if self._done:
+                await self._write_completions()
+            if self._failed:
+                await self._write_failures()
+            if self._cancelled:
+                batch = list(self._cancelled)
+                stopped = await self._write(self._store.cancel_running, batch, set())
+                del self._cancelled[: len(batch)]
+                self._let_go(batch, stopped, OutcomeKind.CANCELLED)
+                self._stats.cancelled += len(stopped)
+            if self._released:
+                batch = list(self._released)
+                released = await self._write(self._store.release, batch, set())
+                del self._released[: len(batch)]
+                self._let_go(batch, released, OutcomeKind.RELEASED)
+                self._stats.released += len(released)
+            self._signals.written.fire()
+
+    async def _write_completions(self) -> None:
+        batch = list(self._done)
+        refused: dict[UUID, str] = {}
+        written = await self._write(self._store.complete, batch, set(), refused)
+        del self._done[: len(batch)]
+        self._let_go([s for s in batch if s.job_id not in refused], written, OutcomeKind.COMPLETED)
+        self._stats.completed += len(written)
+        # A result the database refused (too large, say) fails its job instead.
+        self._failed.extend(
+            Failure(s.job_id, s.claim, "could not store the result: " + refused[s.job_id], False, 0)
+            for s in batch
+            if s.job_id in refused
+        )
+
+    async def _write_failures(self) -> None:
+        batch = list(self._failed)
+        rows = await self._write(self._store.fail, batch, {})
+        del self._failed[: len(batch)]
+        self._let_go(batch, rows, OutcomeKind.FAILED)
+        retried = sum(1 for status in rows.values() if status is JobStatus.QUEUED)
+        self._stats.retried += retried
+        self._stats.failed += len(rows) - retried
+        if retried:
+            # The retry's run_at may be sooner than the time the producer sleeps until.
+            self._ledger.wake.signal(WakeReason.OTHER)
+
+    async def _write(
+        self,
+        write: Callable[[str, Sequence[Item]], Awaitable[Written]],
+        batch: list[Item],
+        merged: Written,
+        refused: dict[UUID, str] | None = None,
+    ) -> Written:
+        """One statement for the batch; if the database refuses it for a reason other than the
+        connection, item by item (adding to ``merged``; a refused item's reason goes to
+        ``refused``, when given), so that one bad row cannot block the others."""
+        try:
+            return await write(self._worker_id, batch)
+        except DatabaseError as exc:
+            logger.error("batch write refused (%s); writing %d item(s) one by one", exc, len(batch))
+        for item in batch:
+            try:
+                part = await write(self._worker_id, [item])
+            except DatabaseError as exc:
+                logger.error("job %s: the database refused its outcome: %s", item.job_id, exc)
+                if refused is not None:
+                    refused[item.job_id] = str(exc)
+                continue
+            merged |= part
+        return merged
+
+    def _let_go(
+        self,
+        batch: Sequence[Success | Failure | Held],
+        written: set[UUID] | dict[UUID, JobStatus],
+        kind: OutcomeKind,
+    ) -> None:
+        """Forgets the jobs of a written batch (and those whose write was discarded)."""
+        for item in batch:
+            entry = self._ledger.let_go(Held(item.job_id, item.claim))
+            if item.job_id not in written:
+                self._stats.lost += 1
+                self._telemetry.discarded(item.job_id)
+            elif entry is not None:
+                status = written.get(item.job_id) if isinstance(written, dict) else None
+                seconds = item.seconds if isinstance(item, (Success, Failure)) else 0.0
+                self._telemetry.recorded(entry.job, kind, status, seconds)
+
+    async def _final_writes(self) -> None:
+        """Writes outcomes still pending and puts interrupted jobs back in the queue."""
+        pending = {s.job_id for s in self._done} | {f.job_id for f in self._failed}
+        pending |= {h.job_id for h in (*self._released, *self._cancelled)}
+        for held in self._ledger.held():
+            if held.job_id not in pending:
+                self._released.append(held)
+        if not self:
+            return
+        try:
+            await self.flush()
+        except DatabaseUnavailable as exc:
+            logger.error(
+                "could not record %d job(s) before stopping (%s); they stay processing and are "
+                "requeued when their lease runs out",
+                len(self._ledger),
+                exc,
+            )

@@ -1,0 +1,347 @@
+"""The worker's services one at a time, against a fake store: the producer's wake and sleep
+arithmetic and its claim loop, the ledger, the heartbeat, and the outcome writer's paths when the
+database refuses a batch or goes away.
+
+These use no database on purpose: each exercises one service's own logic, with a store that
+answers exactly what the test says. The services' behaviour against PostgreSQL is what the rest of
+the suite tests (tests/test_worker.py and friends).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Container, Iterable, Sequence
+from typing import Any
+from uuid import UUID
+
+import anyio
+import pytest
+
+from notifyq.errors import DatabaseUnavailable, RefusedInput
+from notifyq.models import ClaimedJob, Failure, Held, JobStatus, Success
+from notifyq.tasks import Registry, make_task
+from notifyq.worker._heartbeat import Heartbeat
+from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
+from notifyq.worker._producer import LIMIT_TICK, UNSURE_RECHECK, IdleMark, Producer, sleep_for
+from notifyq.worker._stats import Signals, WorkerStats
+from notifyq.worker._telemetry import Telemetry
+from notifyq.worker._writer import OutcomeWriter
+
+
+async def noop(payload: dict[str, Any]) -> None: ...
+
+
+TASK = make_task(noop, "noop")
+
+
+def job(claim: int = 1) -> ClaimedJob:
+    return ClaimedJob(uuid.uuid4(), "noop", "default", {}, 0, 1, 3, claim, 0.0, 0.0)
+
+
+class FakeStore:
+    """Answers what the test set, and records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.claims: list[list[ClaimedJob]] = []
+        self.refuse: set[UUID] = set()
+        self.unavailable = 0
+        self.keep: set[UUID] | None = None  # the ids beat() answers as still held
+
+    def _maybe_down(self) -> None:
+        if self.unavailable:
+            self.unavailable -= 1
+            raise DatabaseUnavailable("the database is away")
+
+    async def claim(self, *, limit: int, probe: bool = False, **_: Any) -> list[ClaimedJob]:
+        self.calls.append(("claim", limit))
+        return self.claims.pop(0) if self.claims else []
+
+    async def mark_waiting(self, worker_id: str, queues: Any, ttl: float) -> bool:
+        self.calls.append(("mark_waiting", None))
+        return True
+
+    async def unmark_waiting(self, worker_id: str) -> None:
+        self.calls.append(("unmark_waiting", None))
+
+    async def refresh_waiting(self, worker_id: str, ttl: float) -> None:
+        self.calls.append(("refresh_waiting", None))
+
+    async def seconds_to_next_job(self, **_: Any) -> float | None:
+        self.calls.append(("seconds_to_next_job", None))
+        return None
+
+    async def limits_exist(self, tasks: Sequence[str]) -> bool:
+        return False
+
+    async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
+        self._maybe_down()
+        self.calls.append(("complete", [s.job_id for s in done]))
+        if any(s.job_id in self.refuse for s in done):
+            raise RefusedInput("recording results: value too long")
+        return {s.job_id for s in done}
+
+    async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]:
+        self._maybe_down()
+        self.calls.append(("fail", [f.job_id for f in failed]))
+        return {f.job_id: JobStatus.FAILED for f in failed}
+
+    async def release(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
+        items = list(held)
+        self.calls.append(("release", [h.job_id for h in items]))
+        return {h.job_id for h in items}
+
+    async def cancel_running(self, worker_id: str, held: Iterable[Held]) -> set[UUID]:
+        return {h.job_id for h in held}
+
+    async def beat(
+        self, worker_id: str, held: Iterable[Held], running: Container[UUID], lease: float
+    ) -> dict[UUID, bool]:
+        items = list(held)
+        self.calls.append(("beat", [(h.job_id, h.job_id in running) for h in items]))
+        keep = self.keep if self.keep is not None else {h.job_id for h in items}
+        return {h.job_id: False for h in items if h.job_id in keep}
+
+
+# -- the producer's arithmetic ----------------------------------------------------------------
+
+
+def test_an_idle_producer_sleeps_until_the_poll_when_nothing_else_is_due() -> None:
+    assert (
+        sleep_for(poll_interval=5, next_due=None, probe_in=None, unsure=False, limited=False) == 5
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"next_due": 1.5}, 1.5),
+        ({"next_due": -3.0}, 0.0),  # overdue: claim at once
+        ({"probe_in": 0.4}, 0.4),
+        ({"next_due": 2.0, "probe_in": 0.7}, 0.7),
+        ({"unsure": True}, UNSURE_RECHECK),
+        ({"limited": True}, LIMIT_TICK),
+        ({"next_due": 0.01, "limited": True}, 0.01),
+    ],
+)
+def test_the_producer_sleeps_until_the_first_thing_that_may_be_due(
+    kwargs: dict[str, Any], expected: float
+) -> None:
+    args: dict[str, Any] = {
+        "poll_interval": 5.0,
+        "next_due": None,
+        "probe_in": None,
+        "unsure": False,
+        "limited": False,
+    }
+    assert sleep_for(**(args | kwargs)) == pytest.approx(expected)
+
+
+class Given:
+    """A stand-in for the runners: keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+
+    def give(self, entry: Any) -> None:
+        self.entries.append(entry)
+
+
+def producer(store: FakeStore, ledger: Ledger, *, burst: bool = False) -> tuple[Producer, Given]:
+    given = Given()
+    idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
+    made = Producer(
+        store,  # type: ignore[arg-type]
+        ledger,
+        given,  # type: ignore[arg-type]
+        Registry([TASK]),
+        idle,
+        Telemetry(),
+        worker_id="w",
+        queues=None,
+        lease=30,
+        poll_interval=30,
+        guarded=[],
+        limits_exist=False,
+        limits_interval=60,
+        burst=burst,
+        stats=WorkerStats(),
+        signals=Signals(),
+    )
+    return made, given
+
+
+async def test_the_producer_claims_again_while_a_claim_comes_back_full() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=5)
+    store.claims = [[job(), job()], [job()], []]
+    made, given = producer(store, ledger, burst=True)
+    # Two slots are taken by others: the first claim asks for the three free ones.
+    ledger.take(job(), TASK)
+    ledger.take(job(), TASK)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await anyio.wait_all_tasks_blocked()  # saturated: waits for a slot
+            assert len(given.entries) == 3 and ledger.free == 0
+            for entry in ledger.entries():  # every job runs and ends
+                ledger.begin(entry, anyio.CancelScope())
+                ledger.end(entry)
+        # In burst mode it returns once nothing is due and nothing runs.
+    claims = [limit for name, limit in store.calls if name == "claim"]
+    # 3 free: 2 came (not full), so idle mark and claim again: 1 free, 1 came (full); then
+    # saturated until the slots free: all 5.
+    assert claims == [3, 1, 5]
+
+
+async def test_a_producer_that_found_nothing_marks_itself_idle_and_claims_once_more() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    made, _ = producer(store, ledger)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await made._signals.idle.reached(2)
+            ledger.stop()
+    names = [name for name, _ in store.calls]
+    # Nothing; register as idle (the lock waited for inserts in flight); claim again; then
+    # the sleep looks for the next run_at.
+    assert names[:4] == ["claim", "mark_waiting", "claim", "seconds_to_next_job"]
+
+
+async def test_a_saturated_producer_clears_its_idle_mark_and_wakes_when_a_slot_frees() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=1)
+    store.claims = [[], [job()], []]
+    made, given = producer(store, ledger)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await made._signals.idle.reached(1)  # idle, registered
+            ledger.wake.signal(WakeReason.NOTIFY)  # a job came in
+            await made._signals.claimed.reached(1)
+            await anyio.wait_all_tasks_blocked()
+            assert ("unmark_waiting", None) in store.calls  # busy: no more wake-ups
+            (entry,) = given.entries
+            ledger.begin(entry, anyio.CancelScope())
+            ledger.end(entry)  # the slot frees: the producer claims again
+            await made._signals.idle.reached(2)
+            ledger.stop()
+    assert ledger.wake.reason is not WakeReason.START
+
+
+# -- the ledger --------------------------------------------------------------------------------
+
+
+async def test_the_ledger_follows_a_job_from_claim_to_written_outcome() -> None:
+    ledger = Ledger(concurrency=2)
+    claimed = job(claim=7)
+    entry = ledger.take(claimed, TASK)
+    assert (ledger.free, ledger.active, ledger.held()) == (1, 1, [Held(claimed.id, 7)])
+    assert ledger.confirmed() == set()
+    assert ledger.begin(entry, anyio.CancelScope())
+    assert ledger.confirmed() == {claimed.id}
+    ledger.end(entry)
+    assert (ledger.free, ledger.active) == (2, 0)
+    assert ledger.let_go(Held(claimed.id, 6)) is None  # another claim's outcome
+    assert ledger.let_go(Held(claimed.id, 7)) is entry
+    assert len(ledger) == 0
+
+
+async def test_a_job_cancelled_before_it_started_does_not_start() -> None:
+    ledger = Ledger(concurrency=1)
+    entry = ledger.take(job(), TASK)
+    assert ledger.cancel(entry.job.id, CancelReason.SHUTDOWN) is entry
+    assert not ledger.begin(entry, anyio.CancelScope())
+    assert entry.cancel_reason is CancelReason.SHUTDOWN
+
+
+# -- the heartbeat ------------------------------------------------------------------------------
+
+
+async def test_the_heartbeat_confirms_started_jobs_and_stops_those_it_lost() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=3)
+    running, waiting, lost = (ledger.take(job(), TASK) for _ in range(3))
+    scopes = {}
+    for entry in (running, lost):
+        scopes[entry.job.id] = anyio.CancelScope()
+        ledger.begin(entry, scopes[entry.job.id])
+    store.keep = {running.job.id, waiting.job.id}
+    stats = WorkerStats()
+    idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
+    beat = Heartbeat(
+        store,  # type: ignore[arg-type]
+        ledger,
+        idle,
+        worker_id="w",
+        interval=1,
+        lease=30,
+        stats=stats,
+        signals=Signals(),
+    )
+    await beat.beat()
+    ((_, reported),) = [call for call in store.calls if call[0] == "beat"]
+    assert dict(reported) == {running.job.id: True, waiting.job.id: False, lost.job.id: True}
+    assert stats.lost == 1
+    assert scopes[lost.job.id].cancel_called and lost.cancel_reason is CancelReason.LEASE_LOST
+    assert not scopes[running.job.id].cancel_called
+    assert {h.job_id for h in ledger.held()} == {running.job.id, waiting.job.id}
+
+
+# -- the outcome writer -------------------------------------------------------------------------
+
+
+def writer_for(store: FakeStore, ledger: Ledger) -> tuple[OutcomeWriter, WorkerStats]:
+    stats = WorkerStats()
+    made = OutcomeWriter(
+        store,  # type: ignore[arg-type]
+        ledger,
+        Telemetry(),
+        worker_id="w",
+        stats=stats,
+        signals=Signals(),
+    )
+    return made, stats
+
+
+async def test_a_refused_batch_is_written_item_by_item_and_a_refused_result_fails_its_job() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=3)
+    good, bad, other = (ledger.take(job(), TASK).job for _ in range(3))
+    store.refuse = {bad.id}
+    writer, stats = writer_for(store, ledger)
+    for claimed in (good, bad, other):
+        writer.record(Success(claimed.id, claimed.claim, '"r"'))
+    await writer.flush()
+    completes = [ids for name, ids in store.calls if name == "complete"]
+    assert completes == [[good.id, bad.id, other.id], [good.id], [bad.id], [other.id]]
+    assert [ids for name, ids in store.calls if name == "fail"] == [[bad.id]]
+    assert (stats.completed, stats.failed, stats.lost) == (2, 1, 0)
+    assert len(ledger) == 0 and not writer
+
+
+async def test_outcomes_stay_in_the_writer_while_the_database_is_away() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=1)
+    claimed = ledger.take(job(), TASK).job
+    writer, stats = writer_for(store, ledger)
+    writer.record(Success(claimed.id, claimed.claim, "null"))
+    store.unavailable = 1
+    with pytest.raises(DatabaseUnavailable):
+        await writer.flush()
+    assert writer and len(ledger) == 1
+    await writer.flush()
+    assert stats.completed == 1 and not writer and len(ledger) == 0
+
+
+async def test_closing_the_writer_puts_back_every_job_without_an_outcome() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    finished, interrupted = (ledger.take(job(), TASK).job for _ in range(2))
+    writer, stats = writer_for(store, ledger)
+    async with writer.open():
+        writer.record(Success(finished.id, finished.claim, "null"))
+    assert ("release", [interrupted.id]) in store.calls
+    assert (stats.completed, stats.released) == (1, 1)
+    assert len(ledger) == 0
