@@ -3,6 +3,7 @@ connection or the caller's, and the driver's errors translated once into notifyq
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -22,6 +23,22 @@ Conn = psycopg.AsyncConnection[Any]
 
 #: Most rows one batch statement writes (see Runner._in_chunks).
 WRITE_CHUNK = 100
+
+
+def fields_row(cls: type[T]) -> AsyncRowFactory[T]:
+    """A row factory for a dataclass whose fields are the statement's columns, in order: the
+    names are checked once per statement (a query that drifts from the type fails at once,
+    naming both), and each row is built positionally (``class_row`` builds a dict per row: a
+    microsecond a claimed job)."""
+    fields = tuple(field.name for field in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    def per_statement(cursor: Any) -> Callable[[Sequence[Any]], T]:
+        names = tuple(column.name for column in cursor.description or ())
+        if names != fields:
+            raise TypeError(f"the columns {names} do not match the fields of {cls.__name__}")
+        return lambda values: cls(*values)
+
+    return per_statement
 
 
 class Runner:

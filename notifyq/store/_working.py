@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from psycopg.rows import class_row, kwargs_row, scalar_row, tuple_row
+from psycopg.rows import kwargs_row, scalar_row, tuple_row
 
 from notifyq.models import (
     ClaimedJob,
@@ -20,9 +20,9 @@ from notifyq.models import (
     Success,
     TaskRegistration,
 )
-from notifyq.store._runner import Runner
+from notifyq.store._runner import Runner, fields_row
 
-_CLAIMED = class_row(ClaimedJob)
+_CLAIMED = fields_row(ClaimedJob)
 _RESCUED = kwargs_row(Rescued.of)
 
 
