@@ -2,8 +2,7 @@
 
 Its lifespan applies migrations (unless told not to), opens the connection pool and, unless
 ``run_worker`` is off, runs a worker in the same process. The routes are thin: validate, call
-the store, answer. ``uvicorn notifyq.api:app`` builds the app from the environment on first
-access (nothing happens at import).
+the store, answer.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from notifyq import guards
 from notifyq._version import __version__
 from notifyq.db import database_url, first_line, open_pool
 from notifyq.errors import (
-    ConfigurationError,
     DatabaseError,
     DatabaseUnavailable,
     InvalidJob,
@@ -954,7 +952,7 @@ OPEN_PATHS = frozenset(
         "/static/dashboard.css",
     }
 )
-STATIC = Path(__file__).resolve().parent / "static"
+STATIC = Path(__file__).resolve().parent.parent / "static"
 #: The dashboard runs only its own script and talks only to this API.
 _DASHBOARD_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -1110,22 +1108,3 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-# -- `uvicorn notifyq.api:app` ----------------------------------------------------------------
-
-_app: FastAPI | None = None
-
-
-def __getattr__(name: str) -> Any:
-    """Builds ``app`` from the environment when uvicorn first asks for it; bad or missing
-    settings end the process with one line saying what to set."""
-    global _app
-    if name == "app":
-        if _app is None:
-            try:
-                _app = create_app()
-            except ConfigurationError as exc:
-                raise SystemExit(f"notifyq: error: {exc}") from None
-        return _app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
