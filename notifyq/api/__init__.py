@@ -28,10 +28,6 @@ def __getattr__(name: str) -> Any:
         from notifyq.api.application import create_app
 
         return create_app
-    if name == "JobOut":  # until the CLI imports it from the schemas module
-        from notifyq.api.application import JobOut
-
-        return JobOut
     if name == "app":
         if _app is None:
             from notifyq.api.application import create_app
