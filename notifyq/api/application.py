@@ -18,7 +18,6 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterator,
-    MutableMapping,
 )
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,8 +38,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from notifyq import guards
 from notifyq._version import __version__
+from notifyq.api import middleware
 from notifyq.api.schemas import (
     LIST_DATA_FIELDS,
     BatchIn,
@@ -132,7 +131,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(middleware.BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -142,7 +141,7 @@ def create_app(
         )
     # Added last, so it runs first: a request without the token (or, without a token set,
     # with a foreign Host or from another site) is refused before its body is read.
-    guards.install(app, settings, OPEN_PATHS)
+    middleware.install(app, settings, OPEN_PATHS)
     _install_error_handlers(app)
     _document_bodies(app, (JobIn, BatchIn))
 
@@ -441,7 +440,7 @@ def create_app(
     async def health(request: Request) -> JSONResponse:
         body = await _health(request)
         code = 200 if body["status"] == "healthy" else 503
-        if settings.api_token is not None and not guards.authenticated(request.scope):
+        if settings.api_token is not None and not middleware.authenticated(request.scope):
             body = {"status": body["status"]}
         return JSONResponse(body, status_code=code)
 
@@ -753,70 +752,3 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidJob, invalid)
     app.add_exception_handler(RefusedInput, refused)
     app.add_exception_handler(DatabaseError, failed)
-
-
-# -- body size ----------------------------------------------------------------------------
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class BodyLimit:
-    """Answers 413 to a request body over ``max_bytes``, before the app reads any of it when
-    Content-Length says so, and by counting when the body is streamed without one."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = _content_length(scope)
-        if length is not None and length > self.max_bytes:
-            await self._too_large(send)
-            return
-        if length is not None:
-            await self.app(scope, receive, send)
-            return
-        # No Content-Length (chunked): read the body here, counting, then replay it.
-        chunks: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            chunks.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._too_large(send)
-                return
-            if not message.get("more_body", False):
-                break
-
-        async def replay() -> Message:
-            return chunks.pop(0) if chunks else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _too_large(self, send: Send) -> None:
-        response = JSONResponse(
-            {"detail": f"request body is larger than the limit of {self.max_bytes} bytes"},
-            status_code=413,
-        )
-        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
-        await send({"type": "http.response.body", "body": response.body})
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
