@@ -27,7 +27,6 @@ from uuid import UUID
 import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request, Response, status
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -39,7 +38,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from notifyq._version import __version__
-from notifyq.api import middleware
+from notifyq.api import errors, middleware
+from notifyq.api.errors import NOT_FOUND, not_found
 from notifyq.api.schemas import (
     LIST_DATA_FIELDS,
     BatchIn,
@@ -57,14 +57,11 @@ from notifyq.api.schemas import (
     RetryableStatus,
     TaskOut,
 )
-from notifyq.db import database_url, first_line, open_pool
+from notifyq.db import database_url, open_pool
 from notifyq.errors import (
-    DatabaseError,
     DatabaseUnavailable,
     InvalidJob,
     NotifyQError,
-    RefusedInput,
-    SchemaMismatch,
 )
 from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
 from notifyq.migrations import latest_version, migrate
@@ -142,7 +139,7 @@ def create_app(
     # Added last, so it runs first: a request without the token (or, without a token set,
     # with a foreign Host or from another site) is refused before its body is read.
     middleware.install(app, settings, OPEN_PATHS)
-    _install_error_handlers(app)
+    errors.install(app)
     _document_bodies(app, (JobIn, BatchIn))
 
     guard = [Depends(_documented_bearer)] if settings.api_token is not None else []
@@ -177,13 +174,13 @@ def create_app(
         "/jobs/{job_id}",
         response_model=JobOut,
         dependencies=guard,
-        responses={404: {"model": ErrorOut, "description": "No job has this id."}},
+        responses=NOT_FOUND,
         summary="Read a job",
     )
     async def get_job(job_id: UUID, request: Request) -> JobOut | JSONResponse:
         job = await _store(request).get_job(job_id)
         if job is None:
-            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+            return not_found(job_id)
         return JobOut.of(job)
 
     @app.get(
@@ -223,7 +220,7 @@ def create_app(
         response_model=JobOut,
         dependencies=guard,
         responses={
-            404: {"model": ErrorOut, "description": "No job has this id."},
+            **NOT_FOUND,
             409: {"model": ErrorOut, "description": "The job is not failed or cancelled."},
         },
         summary="Requeue a failed or cancelled job",
@@ -233,7 +230,7 @@ def create_app(
         retried = await store.retry_job(job_id)
         job = await store.get_job(job_id)
         if job is None:
-            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+            return not_found(job_id)
         if not retried:
             if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
                 reason = (
@@ -278,7 +275,7 @@ def create_app(
         dependencies=guard,
         responses={
             202: {"model": JobOut, "description": "Running: its worker was asked to stop it."},
-            404: {"model": ErrorOut, "description": "No job has this id."},
+            **NOT_FOUND,
             409: {"model": ErrorOut, "description": "The job already finished."},
         },
         summary="Cancel a queued job, or stop a running one",
@@ -288,7 +285,7 @@ def create_app(
         outcome = await store.cancel_job(job_id)
         job = await store.get_job(job_id)
         if outcome is None or job is None:
-            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+            return not_found(job_id)
         if outcome.was.finished:
             return JSONResponse(
                 {"detail": f"job {job_id} already {outcome.was.value}; nothing to cancel"},
@@ -303,7 +300,7 @@ def create_app(
         status_code=204,
         dependencies=guard,
         responses={
-            404: {"model": ErrorOut, "description": "No job has this id."},
+            **NOT_FOUND,
             409: {"model": ErrorOut, "description": "The job has not finished."},
         },
         summary="Delete a finished job",
@@ -314,7 +311,7 @@ def create_app(
             return Response(status_code=204)
         job = await store.get_job(job_id)
         if job is None:
-            return JSONResponse({"detail": f"no job with id {job_id}"}, status_code=404)
+            return not_found(job_id)
         return JSONResponse(
             {"detail": f"job {job_id} is {job.status.value}; cancel it first"}, status_code=409
         )
@@ -682,73 +679,3 @@ async def _documented_bearer(
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
 ) -> None:
     return None
-
-
-# -- errors -------------------------------------------------------------------------------
-
-
-def _message(error: dict[str, Any]) -> str:
-    message = str(error.get("msg", "")).removeprefix("Value error, ")
-    reason = (error.get("ctx") or {}).get("error")
-    if error.get("type") == "json_invalid" and reason:
-        if "recursion limit" in str(reason):
-            return f"the body nests too deeply to read ({reason})"
-        if str(reason) not in message:
-            message = f"{message}: {reason}"  # say what is wrong, not only where
-    return message
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def validation(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        detail = [
-            {
-                "loc": list(error.get("loc", ())),
-                "msg": _message(error),
-                "type": error.get("type"),
-            }
-            for error in exc.errors()
-        ]
-        return JSONResponse({"detail": detail}, status_code=422)
-
-    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(
-            {"detail": f"{exc}; retry later"}, status_code=503, headers={"Retry-After": "1"}
-        )
-
-    async def invalid(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
-
-    async def refused(request: Request, exc: Exception) -> JSONResponse:
-        # Input the validation let through but PostgreSQL refused: still the client's input.
-        return JSONResponse({"detail": f"the database refused the input: {exc}"}, status_code=422)
-
-    async def failed(request: Request, exc: Exception) -> JSONResponse:
-        # A statement the database refused for another reason: a bug, or a schema that is
-        # not current. Logged with its cause; the client learns only that it is not its fault.
-        logger.error("database error: %s", exc, exc_info=exc)
-        detail = str(exc) if isinstance(exc, SchemaMismatch) else "internal database error"
-        return JSONResponse({"detail": detail}, status_code=500)
-
-    async def unreadable(request: Request, exc: Exception) -> Response:
-        # FastAPI answers a bare 400 when json.loads raises something other than a syntax
-        # error: a number of more than 4300 digits, or nesting deeper than Python's recursion
-        # limit. Both are malformed bodies to us, so say which and answer 422.
-        assert isinstance(exc, StarletteHTTPException)
-        cause = exc.__cause__
-        if exc.status_code == 400 and isinstance(cause, (ValueError, RecursionError)):
-            reason = (
-                "it nests too deeply" if isinstance(cause, RecursionError) else first_line(cause)
-            )
-            return JSONResponse(
-                {"detail": f"the body is not JSON that notifyq can read: {reason}"},
-                status_code=422,
-            )
-        return await http_exception_handler(request, exc)
-
-    app.add_exception_handler(StarletteHTTPException, unreadable)
-    app.add_exception_handler(RequestValidationError, validation)
-    app.add_exception_handler(DatabaseUnavailable, unavailable)
-    app.add_exception_handler(InvalidJob, invalid)
-    app.add_exception_handler(RefusedInput, refused)
-    app.add_exception_handler(DatabaseError, failed)
