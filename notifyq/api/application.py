@@ -11,43 +11,30 @@ import base64
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
-    Callable,
-    Coroutine,
-    Iterator,
 )
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 import anyio
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Query, Request, Response, status
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
-from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from notifyq._version import __version__
-from notifyq.api import errors, middleware
+from notifyq.api import errors, fast, middleware
+from notifyq.api.deps import documented_guard
 from notifyq.api.errors import NOT_FOUND, not_found
 from notifyq.api.schemas import (
     LIST_DATA_FIELDS,
-    BatchIn,
-    BatchOut,
-    EnqueuedOut,
     ErrorOut,
     HealthOut,
-    JobIn,
     JobListed,
     JobOut,
     JobPage,
@@ -67,9 +54,7 @@ from notifyq.metrics import CONTENT_TYPE_LATEST, Metrics
 from notifyq.migrations import latest_version, migrate
 from notifyq.models import (
     MAX_NAME_LENGTH,
-    EnqueueResult,
     Job,
-    JobSpec,
     JobStatus,
     check_name,
 )
@@ -140,35 +125,10 @@ def create_app(
     # with a foreign Host or from another site) is refused before its body is read.
     middleware.install(app, settings, OPEN_PATHS)
     errors.install(app)
-    _document_bodies(app, (JobIn, BatchIn))
+    fast.document_bodies(app)
 
-    guard = [Depends(_documented_bearer)] if settings.api_token is not None else []
-
-    @_direct_post(
-        app,
-        "/jobs",
-        status_code=status.HTTP_201_CREATED,
-        response_model=EnqueuedOut,
-        dependencies=guard,
-        openapi_extra=_json_body(JobIn),
-        responses={
-            200: {"model": EnqueuedOut, "description": "A queued duplicate was replaced."},
-            413: {"model": ErrorOut, "description": "The body is over the size limit."},
-            422: {"model": ErrorOut, "description": "The body is malformed."},
-        },
-        summary="Enqueue a job",
-    )
-    async def post_job(request: Request) -> Response:
-        job = await _read_json(request, JobIn)
-        spec = _spec(job, settings.default_task)
-        result = await _store(request).enqueue(spec)
-        metrics.enqueued.labels(spec.queue or "default", spec.task or "").inc()
-        # Built by hand: this is the hottest route, and the answer needs no re-validation.
-        return Response(
-            _enqueued_json(result),
-            status_code=200 if result.duplicate else 201,
-            media_type="application/json",
-        )
+    guard = documented_guard(settings)
+    app.include_router(fast.router, dependencies=guard)
 
     @app.get(
         "/jobs/{job_id}",
@@ -241,33 +201,6 @@ def create_app(
                 reason = f"it is {job.status.value}; only failed or cancelled jobs go back"
             return JSONResponse({"detail": f"job {job_id} not requeued: {reason}"}, status_code=409)
         return JobOut.of(job)
-
-    @_direct_post(
-        app,
-        "/jobs/batch",
-        response_model=BatchOut,
-        dependencies=guard,
-        openapi_extra=_json_body(BatchIn),
-        responses={422: {"model": ErrorOut, "description": "A job is malformed; none is stored."}},
-        summary="Enqueue many jobs in one round trip",
-    )
-    async def post_batch(request: Request) -> Response:
-        batch = await _read_json(request, BatchIn)
-        specs: list[JobSpec] = []
-
-        def checked() -> Iterator[JobSpec]:
-            # Built as the store takes them, so that the first jobs are inserted while the
-            # rest are checked; a 422 from a later one rolls the whole batch back.
-            for index, job in enumerate(batch.jobs):
-                specs.append(_spec(job, settings.default_task, where=("body", "jobs", index)))
-                yield specs[-1]
-
-        results = await _store(request).enqueue_many(checked())
-        for (queue, task_name), count in Counter(
-            (spec.queue or "default", spec.task or "") for spec in specs
-        ).items():
-            metrics.enqueued.labels(queue, task_name).inc(count)
-        return Response(_batch_json(results), media_type="application/json")
 
     @app.post(
         "/jobs/{job_id}/cancel",
@@ -463,130 +396,6 @@ async def _health(request: Request) -> dict[str, Any]:
     return body
 
 
-Body = TypeVar("Body", bound=BaseModel)
-Endpoint = TypeVar("Endpoint", bound=Callable[[Request], Awaitable[Response]])
-
-
-class _DirectRoute(APIRoute):
-    """A route whose endpoint takes the Request and answers a Response itself: documented
-    from its declaration like any other, but called without FastAPI's dependency solving and
-    response serialisation (a fifth of the time of POST /jobs in the app). For the submission
-    routes, which read their bodies with :func:`_read_json`; exceptions still reach the app's
-    handlers, and the token is checked by TokenGuard before any route runs."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
-        return endpoint
-
-
-def _direct_post(app: FastAPI, path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
-    """``@app.post(path, **options)`` for a :class:`_DirectRoute`."""
-
-    def register(endpoint: Endpoint) -> Endpoint:
-        app.router.add_api_route(
-            path, endpoint, methods=["POST"], route_class_override=_DirectRoute, **options
-        )
-        return endpoint
-
-    return register
-
-
-async def _read_json(request: Request, model: type[Body]) -> Body:
-    """The request's JSON body as ``model``, parsed and validated in one pass by pydantic-core
-    (the submission routes' bodies; FastAPI's json.loads-then-validate took three times as
-    long). Errors are RequestValidationErrors located under "body", as FastAPI's are."""
-    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media_type != "application/json" and not (
-        media_type.startswith("application/") and media_type.endswith("+json")
-    ):
-        raise RequestValidationError(
-            [
-                {
-                    "loc": ("body",),
-                    "msg": "the body must be JSON, sent with Content-Type: application/json",
-                    "type": "content_type",
-                }
-            ]
-        )
-    try:
-        body = await request.body()
-    except ClientDisconnect:
-        raise StarletteHTTPException(
-            400, "the client went away before sending the whole body"
-        ) from None
-    if body.startswith(b"\xef\xbb\xbf"):
-        body = body[3:]  # a UTF-8 byte order mark, which JSON parsers may ignore (RFC 8259)
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
-        raise RequestValidationError(errors) from None
-
-
-def _json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request body of a route that reads ``model`` with :func:`_read_json` (its
-    schema is added to the document's components by :func:`_document_bodies`)."""
-    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def _document_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
-    """Adds the schemas of bodies read by :func:`_read_json` to the OpenAPI document, which
-    FastAPI builds only from the parameters it parses itself."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        document = FastAPI.openapi(app)
-        schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        for model in models:
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
-        return document
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _spec(job: JobIn, default_task: str, *, where: tuple[str | int, ...] = ("body",)) -> JobSpec:
-    """``job.spec(default_task)``, its InvalidJob answered as a 422 located at ``where``."""
-    try:
-        return job.spec(default_task)
-    except InvalidJob as exc:
-        raise RequestValidationError(
-            [{"loc": where, "msg": str(exc), "type": "value_error"}]
-        ) from None
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _enqueued_json(result: EnqueueResult, iso: Callable[[datetime], str] = _iso) -> str:
-    """The JSON of EnqueuedOut, written directly: every value is an id, a status, a boolean
-    or a time, none needing escapes (a dict and json.dumps per job took a third of a batch's
-    time)."""
-    return (
-        f'{{"job_id":"{result.job_id}","status":"{result.status.value}",'
-        f'"duplicate":{"true" if result.duplicate else "false"},'
-        f'"run_at":"{iso(result.run_at)}","created_at":"{iso(result.created_at)}"}}'
-    )
-
-
-def _batch_json(results: list[EnqueueResult]) -> str:
-    """``{"results": [...]}`` of POST /jobs/batch. A batch's jobs mostly share one creation
-    time, so each time is formatted once."""
-    times: dict[datetime, str] = {}
-
-    def iso(moment: datetime) -> str:
-        text = times.get(moment)
-        if text is None:
-            text = times[moment] = _iso(moment)
-        return text
-
-    return '{"results":[' + ",".join(_enqueued_json(r, iso) for r in results) + "]}"
-
-
 def _included(include: str | None) -> frozenset[str]:
     """The data fields ``?include=`` names; a 422 for a name that is not one."""
     names = frozenset(part.strip() for part in (include or "").split(",") if part.strip())
@@ -669,13 +478,3 @@ _DASHBOARD_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",
 }
-
-#: Declares the bearer scheme in the OpenAPI document (so /docs can send it); TokenGuard
-#: enforces it.
-_bearer = HTTPBearer(auto_error=False, description="NOTIFYQ_API_TOKEN, when it is set.")
-
-
-async def _documented_bearer(
-    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
-) -> None:
-    return None
