@@ -103,7 +103,7 @@ def create_app(
     fast.document_bodies(app)
 
     guard = documented_guard(settings)
-    app.include_router(fast.router, dependencies=guard)
+    fast.add_routes(app, guard)
     app.include_router(jobs.router, dependencies=guard)
     app.include_router(queues.router, dependencies=guard)
     app.include_router(ops.router, dependencies=guard)

@@ -12,11 +12,11 @@ what :class:`EnqueuedOut` and :class:`BatchOut` say.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Request, Response, status
+from fastapi import FastAPI, Request, Response, params, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
@@ -29,6 +29,8 @@ from notifyq.errors import InvalidJob
 from notifyq.models import EnqueueResult, JobSpec
 
 Body = TypeVar("Body", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[Response]]
+Endpoint = TypeVar("Endpoint", bound=Handler)
 
 
 class _DirectRoute(APIRoute):
@@ -48,10 +50,37 @@ def _json_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-router = APIRouter(route_class=_DirectRoute)
+#: The routes of this module, as (path, endpoint, route options), for :func:`add_routes`.
+_ROUTES: list[tuple[str, Handler, dict[str, Any]]] = []
 
 
-@router.post(
+def _post(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
+    """Declares ``endpoint`` as the POST route at ``path``, added to each app by
+    :func:`add_routes`."""
+
+    def declare(endpoint: Endpoint) -> Endpoint:
+        _ROUTES.append((path, endpoint, options))
+        return endpoint
+
+    return declare
+
+
+def add_routes(app: FastAPI, dependencies: Sequence[params.Depends]) -> None:
+    """Adds the submission routes to ``app``'s own router, ahead of the included routers: a
+    route of an included router is matched twice per request (once to choose the router, once
+    inside it), which these, the hottest routes, should not pay."""
+    for path, endpoint, options in _ROUTES:
+        app.router.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            route_class_override=_DirectRoute,
+            dependencies=dependencies,
+            **options,
+        )
+
+
+@_post(
     "/jobs",
     status_code=status.HTTP_201_CREATED,
     response_model=EnqueuedOut,
@@ -75,7 +104,7 @@ async def post_job(request: Request) -> Response:
     )
 
 
-@router.post(
+@_post(
     "/jobs/batch",
     response_model=BatchOut,
     openapi_extra=_json_body(BatchIn),
