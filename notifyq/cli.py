@@ -638,7 +638,7 @@ def _enqueue(args: argparse.Namespace, settings: Any) -> int:
 
 
 def _status(args: argparse.Namespace, settings: Any) -> int:
-    from notifyq.api import JobOut
+    from notifyq.api.schemas import JobOut
     from notifyq.client import Queue
 
     async def run() -> Any:
@@ -682,7 +682,7 @@ def _retry(args: argparse.Namespace, settings: Any) -> int:
 
 
 def _jobs(args: argparse.Namespace, settings: Any) -> int:
-    from notifyq.api import JobOut
+    from notifyq.api.schemas import JobOut
     from notifyq.client import Queue
     from notifyq.models import JobStatus
 

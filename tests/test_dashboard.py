@@ -29,7 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from psycopg import sql
 from pydantic import SecretStr
 
-from notifyq import api as api_module
+from notifyq.api import application as api_module
 from notifyq.api import create_app
 from notifyq.settings import Settings
 from notifyq.tasks import Registry

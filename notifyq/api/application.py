@@ -1,0 +1,111 @@
+"""``create_app(settings)``: the FastAPI app of notifyq, put together from its parts.
+
+The lifespan applies migrations (unless told not to), opens the connection pool and, unless
+``run_worker`` is off, runs a worker in the same process. What the app is made of lives one
+level down: the middleware (:mod:`.middleware`), the error answers (:mod:`.errors`), the
+submission routes (:mod:`.fast`) and the routers of :mod:`.routes`, whose routes receive the
+store and settings as dependencies (:mod:`.deps`) and answer with the models of
+:mod:`.schemas`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from notifyq._version import __version__
+from notifyq.api import errors, fast, middleware
+from notifyq.api.deps import documented_guard
+from notifyq.api.routes import jobs, ops, queues
+from notifyq.api.schemas import ErrorOut
+from notifyq.db import database_url, open_pool
+from notifyq.metrics import Metrics
+from notifyq.migrations import migrate
+from notifyq.settings import Settings, explicit_max_attempts
+from notifyq.store import Store
+from notifyq.tasks import Registry
+from notifyq.worker import Supervisor, Worker
+
+#: Open with a token set: liveness, the API's own documentation, and the dashboard's page and
+#: assets (none holds job data; the page asks for the token and sends it with every call).
+OPEN_PATHS = frozenset(
+    {
+        "/health",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+        "/dashboard",
+        "/static/dashboard.js",
+        "/static/dashboard.css",
+    }
+)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    registry: Registry | None = None,
+) -> FastAPI:
+    """Builds the app. ``settings`` default to the environment's; ``registry`` is what the
+    in-process worker serves (default: built-ins and every ``@task``)."""
+    settings = settings if settings is not None else Settings.load()
+    # Only `notifyq dev` starts an embedded PostgreSQL (and passes its URL in): a forgotten
+    # DATABASE_URL in production must not create a second, empty job store.
+    database_url(settings)
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auto_migrate:
+            await migrate(settings)
+        async with open_pool(settings, name="api", min_size=1, wait=False) as pool:
+            app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
+            if not settings.run_worker:
+                yield
+                return
+            supervisor = Supervisor(lambda: Worker(settings, registry, metrics=metrics))
+            app.state.supervisor = supervisor
+            async with anyio.create_task_group() as tg:
+                await tg.start(supervisor.run)
+                try:
+                    yield
+                finally:
+                    supervisor.stop()
+
+    app = FastAPI(
+        title="notifyq",
+        version=__version__,
+        description="A PostgreSQL job queue: jobs start the instant they are committed.",
+        lifespan=lifespan,
+        responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.scrape_lock = anyio.Lock()
+    app.add_middleware(middleware.BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    # Added last, so it runs first: a request without the token (or, without a token set,
+    # with a foreign Host or from another site) is refused before its body is read.
+    middleware.install(app, settings, OPEN_PATHS)
+    errors.install(app)
+    fast.document_bodies(app)
+
+    guard = documented_guard(settings)
+    fast.add_routes(app, guard)
+    app.include_router(jobs.router, dependencies=guard)
+    app.include_router(queues.router, dependencies=guard)
+    app.include_router(ops.router, dependencies=guard)
+    app.include_router(ops.open_router)
+    ops.add_dashboard(app)
+    return app

@@ -1,0 +1,153 @@
+"""The operators' routes: liveness, readiness, Prometheus metrics, the registered tasks, and
+the dashboard (a page and its assets).
+
+``router`` needs the token when one is set; ``open_router`` (``/health``) and the dashboard's
+files do not (the app lists them in its open paths): liveness probes carry no token, and the
+page asks for the token and sends it with every call it makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+
+from notifyq._version import __version__
+from notifyq.api.deps import MetricsDep, ScrapeLockDep, SettingsDep, StoreDep, SupervisorDep
+from notifyq.api.middleware import authenticated
+from notifyq.api.schemas import HealthOut, ReadyOut, TaskOut
+from notifyq.errors import DatabaseUnavailable, NotifyQError
+from notifyq.metrics import CONTENT_TYPE_LATEST
+from notifyq.migrations import latest_version
+from notifyq.store import Store
+from notifyq.worker import Supervisor
+
+HEALTH_TIMEOUT = 2.0
+#: Queue depth is read from the database at most this often, however often /metrics is scraped.
+DEPTH_MAX_AGE = 2.0
+STATIC = Path(__file__).resolve().parent.parent.parent / "static"
+#: The dashboard runs only its own script and talks only to this API.
+_DASHBOARD_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+}
+
+router = APIRouter()
+open_router = APIRouter()
+
+
+@router.get(
+    "/ready",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "Not ready; the fields say why."}},
+    summary="Readiness: database, migrations, listener",
+)
+async def ready(store: StoreDep, supervisor: SupervisorDep) -> JSONResponse:
+    body = {"status": "ready", "database": "ok", "migrations": "current", "listener": "ok"}
+    try:
+        with anyio.fail_after(HEALTH_TIMEOUT):
+            version = await store.schema_version()
+    except (NotifyQError, TimeoutError) as exc:
+        body.update(database=str(exc) or "timed out", migrations="unknown")
+    else:
+        latest = latest_version()
+        if version != latest:
+            body["migrations"] = f"at version {version}, this notifyq needs {latest}"
+    worker = None if supervisor is None else supervisor.worker
+    if supervisor is None:
+        body["listener"] = "no worker in this process"
+    elif supervisor.problem is not None:
+        body["listener"] = "disconnected"
+        body["worker"] = supervisor.problem
+    elif worker is None or worker.listener is None or not worker.listener.connected:
+        body["listener"] = "disconnected"
+    failing = body["database"] != "ok" or body["migrations"] != "current"
+    if failing or body["listener"] == "disconnected":
+        body["status"] = "not_ready"
+        return JSONResponse(body, status_code=503)
+    return JSONResponse(body)
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    summary="Prometheus metrics (text format)",
+)
+async def prometheus(store: StoreDep, metrics: MetricsDep, scraping: ScrapeLockDep) -> Response:
+    # One scrape at a time: concurrent ones would each render in a thread of their own.
+    async with scraping:
+        if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
+            with contextlib.suppress(NotifyQError, TimeoutError):
+                with anyio.fail_after(HEALTH_TIMEOUT):
+                    metrics.know_tasks(row["name"] for row in await store.list_tasks())
+                    metrics.set_depth(await store.queue_stats())
+        # Rendering takes CPU in proportion to the series; off the loop, other requests (and
+        # the in-process worker) go on meanwhile.
+        text = await anyio.to_thread.run_sync(metrics.render)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(
+    "/tasks",
+    response_model=list[TaskOut],
+    summary="Tasks registered by workers, with their options and circuit breakers",
+)
+async def list_tasks(store: StoreDep) -> list[TaskOut]:
+    return [TaskOut.of(row) for row in await store.list_tasks()]
+
+
+@open_router.get(
+    "/health",
+    response_model=HealthOut,
+    responses={503: {"model": HealthOut, "description": "The database does not answer."}},
+    summary="Liveness and database reachability",
+)
+async def health(
+    request: Request, store: StoreDep, settings: SettingsDep, supervisor: SupervisorDep
+) -> JSONResponse:
+    body = await _health(store, supervisor)
+    code = 200 if body["status"] == "healthy" else 503
+    if settings.api_token is not None and not authenticated(request.scope):
+        body = {"status": body["status"]}
+    return JSONResponse(body, status_code=code)
+
+
+async def _health(store: Store, supervisor: Supervisor | None) -> dict[str, Any]:
+    """The body of GET /health with every detail."""
+    worker = None if supervisor is None else supervisor.worker
+    body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}
+    if worker is not None:
+        listener = worker.listener
+        body["worker"] = {
+            "id": worker.id,
+            "running_jobs": worker.running_jobs,
+            "listener_connected": bool(listener and listener.connected),
+        }
+    try:
+        with anyio.fail_after(HEALTH_TIMEOUT):
+            await store.ping()
+    except (DatabaseUnavailable, TimeoutError) as exc:
+        body.update(status="unhealthy", database=str(exc) or "timed out")
+    return body
+
+
+async def dashboard() -> FileResponse:
+    return FileResponse(STATIC / "dashboard.html", headers=_DASHBOARD_HEADERS)
+
+
+def add_dashboard(app: FastAPI) -> None:
+    """Adds the dashboard's page and its assets to ``app`` itself, not through a router:
+    ``include_router`` leaves out what is mounted on a router, so the folder must be mounted
+    on the app."""
+    app.add_api_route("/dashboard", dashboard, include_in_schema=False)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,0 +1,328 @@
+"""The request and response models of the HTTP API, and their conversions from notifyq's own
+types. Pydantic only: the CLI prints jobs with :class:`JobOut` without importing a web
+framework (a test checks that importing this module imports neither FastAPI nor Starlette).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from notifyq.models import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_DELAY_SECONDS,
+    MAX_NAME_LENGTH,
+    PRIORITY_RANGE,
+    Job,
+    JobSpec,
+    JobStatus,
+)
+
+#: Most jobs one POST /jobs/batch takes.
+MAX_BATCH = 10_000
+
+
+class JobIn(BaseModel):
+    """A job to enqueue. Only ``payload`` is required; unknown fields are refused."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"payload": {"to": "a@example.com"}, "task": "send_email", "priority": 5},
+                {"payload": {"task": "hello_world"}},
+            ]
+        },
+    )
+
+    payload: dict[str, Any] = Field(
+        description="The job's input, a JSON object handed to the task's handler. Strings may "
+        "not contain NUL characters."
+    )
+    task: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        strict=True,
+        description="The task to run. Default: payload.task when it is a string, else "
+        "NOTIFYQ_DEFAULT_TASK.",
+    )
+    queue: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        strict=True,
+        description="The queue; workers can be limited to some queues. Default: the task's "
+        "queue, else 'default'.",
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=PRIORITY_RANGE[0],
+        le=PRIORITY_RANGE[1],
+        strict=True,
+        description="Higher runs first. Default: the task's priority, else 0.",
+    )
+    run_at: datetime | None = Field(
+        default=None,
+        description="Do not start before this time (ISO 8601; no time zone means UTC). "
+        "Exclusive with delay.",
+    )
+    delay: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DELAY_SECONDS,
+        allow_inf_nan=False,
+        strict=True,
+        description="Do not start before this many seconds from now. Exclusive with run_at.",
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ATTEMPTS_LIMIT,
+        strict=True,
+        description="Attempts before the job is failed. Default: the task's, else "
+        "NOTIFYQ_MAX_ATTEMPTS.",
+    )
+    dedup_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_DEDUP_KEY_LENGTH,
+        strict=True,
+        description="While a queued job of the same queue has this key, a new submission "
+        "replaces its payload, priority, run_at and max_attempts instead of adding a job.",
+    )
+
+    def spec(self, default_task: str) -> JobSpec:
+        """The job to store, with the task resolved as the contract says: task, else
+        payload.task when it is a string, else the default task. Raises InvalidJob for what
+        PostgreSQL would refuse (the API answers it as a 422 located in the body). Done here
+        rather than in a model validator: that cost five times the validation of the model
+        itself."""
+        task = self.task
+        if task is None:
+            from_payload = self.payload.get("task")
+            task = from_payload if isinstance(from_payload, str) else default_task
+        return JobSpec.create(
+            task,
+            self.payload,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            delay=self.delay,
+            dedup_key=self.dedup_key,
+            max_attempts=self.max_attempts,
+        )
+
+
+class EnqueuedOut(BaseModel):
+    """What POST /jobs answers."""
+
+    job_id: UUID
+    status: JobStatus = Field(description="queued")
+    duplicate: bool = Field(
+        description="True when a queued job with the same (queue, dedup_key) was replaced."
+    )
+    run_at: datetime
+    created_at: datetime
+
+
+class JobOut(BaseModel):
+    """A job as stored."""
+
+    job_id: UUID
+    status: JobStatus
+    task: str
+    queue: str
+    priority: int
+    payload: dict[str, Any]
+    attempt_count: int = Field(description="Attempts started so far.")
+    max_attempts: int
+    result: Any = Field(description="What the handler returned, once completed.")
+    error: str | None = Field(description="The error of the latest failed attempt.")
+    errors: list[dict[str, Any]] = Field(
+        description="Every failed attempt (the newest 25): attempt, error, at, worker."
+    )
+    dedup_key: str | None
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None = Field(description="The worker holding or last holding the job.")
+    lease_expires_at: datetime | None
+    cancel_requested_at: datetime | None = Field(
+        description="When a cancel was requested while the job ran."
+    )
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            job_id=job.id,
+            status=job.status,
+            task=job.task,
+            queue=job.queue,
+            priority=job.priority,
+            payload=job.payload,
+            attempt_count=job.attempt_count,
+            max_attempts=job.max_attempts,
+            result=job.result,
+            error=job.last_error,
+            errors=job.errors,
+            dedup_key=job.dedup_key,
+            created_at=job.created_at,
+            run_at=job.run_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            worker_id=job.worker_id,
+            lease_expires_at=job.lease_expires_at,
+            cancel_requested_at=job.cancel_requested_at,
+        )
+
+
+class BatchIn(BaseModel):
+    """Many jobs, enqueued in one round trip to the database."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn] = Field(min_length=1, max_length=MAX_BATCH, description="POST /jobs bodies.")
+
+
+class BatchOut(BaseModel):
+    """One result per job, in the order given."""
+
+    results: list[EnqueuedOut]
+
+
+class QueueOut(BaseModel):
+    """A queue's counts and switches."""
+
+    queue: str
+    queued: int = Field(description="Waiting, due or not.")
+    due: int = Field(description="Queued and due now.")
+    processing: int
+    completed: int
+    completed_estimated: bool = Field(description="Counted from a sample on a large table.")
+    failed: int
+    cancelled: int
+    oldest_due_seconds: float | None = Field(description="How long the oldest due job waits.")
+    completed_last_minute: int
+    failed_last_minute: int
+    paused: bool
+    notify: bool = Field(description="Whether inserts wake workers (else they poll).")
+    rate_limit: float | None = Field(description="Jobs per second across all workers.")
+
+
+RetryableStatus = Literal["failed", "cancelled"]
+
+
+class RetriedOut(BaseModel):
+    """What POST /jobs/retry answers."""
+
+    requeued: int = Field(description="Jobs put back in the queue.")
+
+
+class ReadyOut(BaseModel):
+    """Readiness, part by part."""
+
+    status: str = Field(description="ready or not_ready")
+    database: str
+    migrations: str
+    listener: str
+    worker: str | None = Field(
+        default=None, description="Why the worker of this process is not running, if so."
+    )
+
+
+#: What a list page leaves out unless ?include= names it: a job's data, which may be large.
+LIST_DATA_FIELDS = ("payload", "result", "errors")
+
+
+class JobListed(JobOut):
+    """A job in a list page: as ``GET /jobs/{id}`` shows it, but ``payload``, ``result`` and
+    ``errors`` only when ``?include=`` names them (one job's data may be megabytes, and a page
+    holds up to 500 jobs). ``error``, the latest attempt's, is always there."""
+
+    # Widened from JobOut's on purpose: these are absent unless included (documentation only;
+    # the route builds its answer with json_of).
+    payload: dict[str, Any] | None = Field(  # type: ignore[assignment]
+        default=None, description="With ?include=payload."
+    )
+    result: Any = Field(default=None, description="With ?include=result.")
+    errors: list[dict[str, Any]] | None = Field(  # type: ignore[assignment]
+        default=None, description="With ?include=errors."
+    )
+
+    @staticmethod
+    def json_of(job: Job, omitted: frozenset[str]) -> str:
+        """The JSON of ``job`` without the ``omitted`` fields, which are never read."""
+        if omitted:
+            job = dataclasses.replace(job, **{name: _EMPTY[name] for name in omitted})
+        return JobOut.of(job).model_dump_json(exclude=set(omitted))
+
+
+_EMPTY: dict[str, Any] = {"payload": {}, "result": None, "errors": []}
+
+
+class JobPage(BaseModel):
+    """One page of jobs, newest first."""
+
+    jobs: list[JobListed]
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null on the last page."
+    )
+
+
+class BreakerOut(BaseModel):
+    """A task's circuit breaker."""
+
+    state: str = Field(description="closed, open (claims paused) or half_open (one probe runs)")
+    threshold: int | None = Field(description="Consecutive failures that open it; null: none.")
+    cooldown: float
+    consecutive_failures: int
+    open_until: datetime | None
+
+
+class TaskOut(BaseModel):
+    """A task as registered by the workers that serve it."""
+
+    name: str
+    max_attempts: int | None
+    options: dict[str, Any]
+    breaker: BreakerOut
+    registered_at: datetime
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> TaskOut:
+        return cls(
+            name=row["name"],
+            max_attempts=row["max_attempts"],
+            options=row["options"],
+            registered_at=row["updated_at"],
+            breaker=BreakerOut(
+                state=row["breaker_state"],
+                threshold=row["breaker_threshold"],
+                cooldown=row["breaker_cooldown"],
+                consecutive_failures=row["consecutive_failures"],
+                open_until=row["breaker_open_until"],
+            ),
+        )
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx and 5xx answer: what is wrong, and what to do."""
+
+    detail: Any
+
+
+class HealthOut(BaseModel):
+    """Liveness and whether the database answers. With a token set, a request without it gets
+    only ``status``: the rest (worker id, driver errors) is for operators."""
+
+    status: str = Field(description="healthy or unhealthy")
+    database: str | None = None
+    version: str | None = None
+    worker: dict[str, Any] | None = None
