@@ -903,29 +903,13 @@ def _duration(seconds: float) -> str:
 
 
 def _grant(args: argparse.Namespace, settings: Any) -> int:
-    import psycopg
+    from notifyq.grants import grant, statements
 
-    from notifyq.db import first_line
-    from notifyq.grants import statements
-
-    found = statements(args.role, args.kind)
     if args.print:
-        for statement in found:
+        for statement in statements(args.role, args.kind):
             print(f"{statement.as_string(None)};")
         return 0
-    url = settings.database_url
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-            with conn.transaction():
-                for statement in found:
-                    conn.execute(statement)
-    except psycopg.OperationalError as exc:
-        raise _Failed(f"cannot connect to {redact(url)}: {first_line(exc)}") from None
-    except psycopg.Error as exc:
-        raise _Failed(
-            f"could not grant {args.kind} privileges to {args.role!r}: {first_line(exc)} (run "
-            "it as the owner of the notifyq schema, after `notifyq migrate`)"
-        ) from None
+    grant(settings, args.role, args.kind)
     _say(f"notifyq: {args.role} has the privileges of a {args.kind} now")
     return 0
 
