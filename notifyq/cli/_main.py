@@ -15,13 +15,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import anyio
 
 from notifyq._version import __version__
-from notifyq.db import database_url, redact
+from notifyq.bootstrap import dev_database, require_database, reset_embedded
+from notifyq.db import redact
 from notifyq.errors import InvalidJob, NotifyQError, describe
 from notifyq.logs import configure as configure_logging
 
@@ -246,17 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _settings(args)
         configure_logging(settings.log_level, settings.log_format)
         command: Callable[[argparse.Namespace, Any], int] = _COMMANDS[args.command]
-        if args.command == "dev":
-            if args.reset:
-                _reset_embedded(settings)
-            with _database(settings) as ready:
-                code = command(args, ready)
-        else:
-            # Only `notifyq dev` starts an embedded PostgreSQL: a forgotten DATABASE_URL must
-            # not give a worker or a producer a second, empty job store of its own.
-            if not (args.command == "grant" and args.print):
-                database_url(settings)
-            code = command(args, settings)
+        # `notifyq dev` finds its own database (see notifyq.bootstrap), after its checks.
+        if args.command != "dev" and not (args.command == "grant" and args.print):
+            require_database(settings)
+        code = command(args, settings)
         if args.command in ("worker", "serve", "dev"):
             _exit_now_if_threads_hang()
         return code
@@ -329,50 +323,6 @@ def _hard_exit(code: int) -> None:
             cleanup()
     logging.shutdown()
     os._exit(code)
-
-
-@contextlib.contextmanager
-def _database(settings: Any) -> Iterator[Any]:
-    """The settings of ``notifyq dev`` with a database: DATABASE_URL's, or an embedded PostgreSQL
-    started (or joined, when another notifyq process of this user runs one) for as long as the
-    command runs."""
-    if settings.database_url:
-        yield settings
-        return
-    from notifyq.embedded import EmbeddedPostgres
-
-    server = EmbeddedPostgres(settings.data_dir, on_progress=lambda line: _say(f"notifyq: {line}"))
-    _say(
-        "notifyq: DATABASE_URL is unset: using an embedded PostgreSQL "
-        f"(data in {server.data_dir}); export DATABASE_URL to use your own server"
-    )
-    with server:
-        # A second Ctrl-C exits at once, but still lets go of the server (the last user
-        # stops it).
-        _BEFORE_HARD_EXIT.append(server.release)
-        try:
-            ready = settings.model_copy(update={"database_url": server.url})
-            # Zero setup: a fresh embedded server gets its schema.
-            from notifyq.migrations import migrate
-
-            anyio.run(lambda: migrate(ready, progress=lambda line: _say(f"notifyq: {line}")))
-            yield ready
-        finally:
-            _BEFORE_HARD_EXIT.remove(server.release)
-
-
-def _reset_embedded(settings: Any) -> None:
-    if settings.database_url:
-        raise _Failed(
-            "--reset deletes the embedded PostgreSQL's data; it does nothing with DATABASE_URL "
-            "set (unset it, or drop your database yourself)"
-        )
-    from notifyq.embedded import EmbeddedPostgres
-
-    folder = EmbeddedPostgres(
-        settings.data_dir, on_progress=lambda line: _say(f"notifyq: {line}")
-    ).reset()
-    _say(f"notifyq: reset: {folder} is gone; a new cluster is made now")
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -508,6 +458,22 @@ async def _stop_on_signals(stop: Callable[[], None]) -> None:
 
 
 def _dev(args: argparse.Namespace, settings: Any) -> int:
+    if args.reset:
+        folder = reset_embedded(settings, say=_progress)
+        _say(f"notifyq: reset: {folder} is gone; a new cluster is made now")
+    with dev_database(settings, say=_progress) as database:
+        _BEFORE_HARD_EXIT.append(database.release)
+        try:
+            return _dev_server(database.settings)
+        finally:
+            _BEFORE_HARD_EXIT.remove(database.release)
+
+
+def _progress(line: str) -> None:
+    _say(f"notifyq: {line}")
+
+
+def _dev_server(settings: Any) -> int:
     url = f"http://{settings.host}:{settings.port}"
     banner = [
         f"notifyq dev: API      {url}",
