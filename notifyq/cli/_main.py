@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,14 +20,17 @@ import anyio
 
 from notifyq._version import __version__
 from notifyq.bootstrap import dev_database, require_database, reset_embedded
+from notifyq.cli._errors import EXIT_ERROR, EXIT_USAGE
+from notifyq.cli._errors import Failed as _Failed
+from notifyq.cli._errors import one_line as _one_line
+from notifyq.cli._output import duration, jobs_table, progress, queue_table, tasks_table, use_color
+from notifyq.cli._output import say as _say
+from notifyq.cli._signals import before_hard_exit, exit_now_if_threads_hang, stop_on_signals
 from notifyq.db import redact
-from notifyq.errors import InvalidJob, NotifyQError, describe
+from notifyq.errors import InvalidJob, describe
 from notifyq.logs import configure as configure_logging
 
 logger = logging.getLogger("notifyq")
-
-EXIT_ERROR = 1
-EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -252,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             require_database(settings)
         code = command(args, settings)
         if args.command in ("worker", "serve", "dev"):
-            _exit_now_if_threads_hang()
+            exit_now_if_threads_hang()
         return code
     except KeyboardInterrupt:
         return 130
@@ -273,24 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-def _one_line(exc: BaseException) -> str | None:
-    """What to tell the user about ``exc`` (looking inside exception groups), or None for a
-    bug, which keeps its traceback."""
-    import psycopg
-
-    from notifyq.db import first_line
-
-    if isinstance(exc, NotifyQError):
-        return str(exc)
-    if isinstance(exc, psycopg.Error):  # from a statement outside the store
-        return f"database error: {first_line(exc)}"
-    for inner in getattr(exc, "exceptions", ()):
-        found = _one_line(inner)
-        if found is not None:
-            return found
-    return None
-
-
 def _settings(args: argparse.Namespace) -> Any:
     from notifyq.settings import Settings
 
@@ -309,29 +292,13 @@ def _settings(args: argparse.Namespace) -> Any:
     return Settings.load(**overrides)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-#: Run before a second signal ends the process at once (os._exit skips `with` blocks).
-_BEFORE_HARD_EXIT: list[Callable[[], None]] = []
-
-
-def _hard_exit(code: int) -> None:
-    for cleanup in _BEFORE_HARD_EXIT:
-        with contextlib.suppress(Exception):
-            cleanup()
-    logging.shutdown()
-    os._exit(code)
-
-
 # -- commands ---------------------------------------------------------------------------
 
 
 def _migrate(args: argparse.Namespace, settings: Any) -> int:
     from notifyq.migrations import latest_version, migrate
 
-    applied = anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
+    applied = anyio.run(lambda: migrate(settings, progress=progress))
     state = f"{len(applied)} migration(s) applied" if applied else "nothing to apply"
     _say(f"notifyq: database is up to date (schema version {latest_version()}; {state})")
     return 0
@@ -373,12 +340,12 @@ def _worker(args: argparse.Namespace, settings: Any) -> int:
             start_http_server(args.metrics_port, addr=settings.host, registry=metrics.registry)
             _say(f"notifyq: metrics at http://{settings.host}:{args.metrics_port}/metrics")
         worker = Worker(settings, registry, burst=args.burst, metrics=metrics, report_depth=True)
-        _BEFORE_HARD_EXIT.insert(0, worker.forget_idle_mark)
-        _settle_heap()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signals, worker.stop)
-            await worker.run()
-            tg.cancel_scope.cancel()
+        with before_hard_exit(worker.forget_idle_mark):
+            _settle_heap()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_on_signals, worker.stop)
+                await worker.run()
+                tg.cancel_scope.cancel()
 
     try:
         anyio.run(run, backend_options={"use_uvloop": _has_uvloop()})
@@ -416,61 +383,14 @@ def _settle_heap() -> None:
     gc.set_threshold(10_000, *gc.get_threshold()[1:])
 
 
-def _exit_now_if_threads_hang() -> None:
-    """A plain-function handler that ran past the shutdown grace was abandoned in its thread
-    (threads cannot be cancelled) and its job requeued. Python would wait for that thread at
-    exit; exit without it instead, as the job is already back in the queue."""
-    import threading
-
-    deadline = time.monotonic() + 0.5
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [
-        t
-        for t in threading.enumerate()
-        if t is not threading.main_thread() and not t.daemon and t.is_alive()
-    ]
-    if stuck:
-        logger.warning("exiting without %d handler thread(s) that are still running", len(stuck))
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-
-async def _stop_on_signals(stop: Callable[[], None]) -> None:
-    """The first SIGTERM/SIGINT stops gracefully; a second one exits at once (leases then
-    bring the interrupted jobs back)."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        received = 0
-        async for signum in signals:
-            received += 1
-            if received == 1:
-                logger.info(
-                    "received %s: draining (send it again to exit at once)",
-                    signal.Signals(signum).name,
-                )
-                stop()
-            else:
-                logger.warning("received %s again: exiting at once", signal.Signals(signum).name)
-                _hard_exit(128 + signum)
-
-
 def _dev(args: argparse.Namespace, settings: Any) -> int:
     if args.reset:
-        folder = reset_embedded(settings, say=_progress)
+        folder = reset_embedded(settings, say=progress)
         _say(f"notifyq: reset: {folder} is gone; a new cluster is made now")
-    with dev_database(settings, say=_progress) as database:
-        _BEFORE_HARD_EXIT.append(database.release)
-        try:
-            return _dev_server(database.settings)
-        finally:
-            _BEFORE_HARD_EXIT.remove(database.release)
-
-
-def _progress(line: str) -> None:
-    _say(f"notifyq: {line}")
+    with dev_database(settings, say=progress) as database, before_hard_exit(database.release):
+        # A second Ctrl-C exits at once, but still lets go of the server (its last user
+        # stops it).
+        return _dev_server(database.settings)
 
 
 def _dev_server(settings: Any) -> int:
@@ -497,6 +417,7 @@ def _run_server(settings: Any, banner: list[str]) -> int:
     from notifyq import guards
     from notifyq.api import create_app
     from notifyq.builtins import worker_registry
+    from notifyq.cli._uvicorn import Server
     from notifyq.contrib import ContribSettings
     from notifyq.migrations import check_schema, migrate
 
@@ -510,11 +431,11 @@ def _run_server(settings: Any, banner: list[str]) -> int:
     # Migrate (or check the schema, for a role that may not change it) before uvicorn starts,
     # proving that the database answers: a bad URL is one line of error, not a failed lifespan.
     if settings.auto_migrate:
-        anyio.run(lambda: migrate(settings, progress=lambda line: _say(f"notifyq: {line}")))
+        anyio.run(lambda: migrate(settings, progress=progress))
     else:
         anyio.run(check_schema, settings)
     app = create_app(settings.model_copy(update={"auto_migrate": False}), registry=registry)
-    server = _make_server(
+    server = Server(
         uvicorn.Config(
             app,
             host=settings.host,
@@ -533,43 +454,14 @@ def _run_server(settings: Any, banner: list[str]) -> int:
         if supervisor is not None and supervisor.worker is not None:
             supervisor.worker.forget_idle_mark()
 
-    _BEFORE_HARD_EXIT.insert(0, forget_idle_mark)
     for line in banner:
         _say(line)
     _settle_heap()
-    server.run()
+    with before_hard_exit(forget_idle_mark):
+        server.run()
     if not server.started:
         raise _Failed("the server did not start; see the log above")
     return 0
-
-
-class _Failed(NotifyQError):
-    """A command could not do its job; the message says why."""
-
-
-def _make_server(config: Any) -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, except that a graceful stop exits 0 instead of re-raising the
-        signal, and a second signal exits at once."""
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit:
-                _hard_exit(128 + sig)
-            self.should_exit = True
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            handled = (signal.SIGINT, signal.SIGTERM)
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server(config)
 
 
 def _enqueue(args: argparse.Namespace, settings: Any) -> int:
@@ -666,15 +558,8 @@ def _jobs(args: argparse.Namespace, settings: Any) -> int:
         for job in jobs:
             print(JobOut.of(job).model_dump_json())
         return 0
-    header = f"{'JOB ID':36}  {'STATUS':10}  {'TASK':16}  {'QUEUE':10}  TRIES"
-    print(f"{header}  {'CREATED':19}  ERROR")
-    for job in jobs:
-        error = (job.last_error or "").splitlines()[0][:50] if job.last_error else ""
-        print(
-            f"{job.id!s:36}  {job.status.value:10}  {job.task[:16]:16}  {job.queue[:10]:10}  "
-            f"{job.attempt_count:>2}/{job.max_attempts:<2}  "
-            f"{job.created_at:%Y-%m-%d %H:%M:%S}  {error}"
-        )
+    for line in jobs_table(jobs):
+        print(line)
     return 0
 
 
@@ -694,7 +579,7 @@ def _queue(args: argparse.Namespace, settings: Any) -> int:
     from notifyq.models import check_name
 
     check_name("queue", args.name)
-    for line in _queue_table(anyio.run(run), color=_use_color()):
+    for line in queue_table(anyio.run(run), color=use_color()):
         print(line)
     return 0
 
@@ -706,7 +591,7 @@ def _stats(args: argparse.Namespace, settings: Any) -> int:
         async with Queue(settings=settings, pool_size=1) as q:
             return await q.store.queue_stats()
 
-    for line in _queue_table(anyio.run(run), color=_use_color()):
+    for line in queue_table(anyio.run(run), color=use_color()):
         print(line)
     return 0
 
@@ -715,14 +600,14 @@ def _top(args: argparse.Namespace, settings: Any) -> int:
     from notifyq.client import Queue
     from notifyq.errors import DatabaseUnavailable
 
-    color = _use_color()
+    color = use_color()
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
 
     async def run() -> None:
         async with Queue(settings=settings, pool_size=1) as q:
             while True:
                 try:
-                    lines = _queue_table(await q.store.queue_stats(), color=color)
+                    lines = queue_table(await q.store.queue_stats(), color=color)
                 except DatabaseUnavailable as exc:
                     lines = [f"database unavailable ({exc}); retrying"]
                 stamp = time.strftime("%H:%M:%S")
@@ -735,40 +620,6 @@ def _top(args: argparse.Namespace, settings: Any) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _use_color() -> bool:
-    return sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-
-
-def _queue_table(rows: list[dict[str, Any]], *, color: bool) -> list[str]:
-    def paint(text: str, code: str, on: bool) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if color and on else text
-
-    if not rows:
-        return ["no queues yet: enqueue a job (notifyq enqueue hello_world)"]
-    header = (
-        f"{'QUEUE':16} {'DUE':>7} {'QUEUED':>7} {'RUNNING':>7} {'COMPLETED':>10} "
-        f"{'FAILED':>7} {'CANCELLED':>9} {'WAIT':>7} {'DONE/MIN':>8}  STATE"
-    )
-    lines = [paint(header, "1", True)]
-    for row in rows:
-        wait = row["oldest_due_seconds"]
-        completed = f"{'~' if row['completed_estimated'] else ''}{row['completed']}"
-        state = paint("paused" if row["paused"] else "active", "33", row["paused"])
-        if row.get("rate_limit"):
-            state += f", {row['rate_limit']:g}/s"
-        if row.get("notify") is False:
-            state += ", polled"
-        failed = paint(f"{row['failed']:>7}", "31", row["failed"] > 0)
-        waited = f"{wait:>6.1f}s" if wait is not None else "      -"
-        waited = paint(waited, "33", (wait or 0) > 5)
-        lines.append(
-            f"{row['queue'][:16]:16} {row['due']:>7} {row['queued']:>7} "
-            f"{row['processing']:>7} {completed:>10} {failed} {row['cancelled']:>9} "
-            f"{waited} {row['completed_last_minute']:>8}  {state}"
-        )
-    return lines
 
 
 def _parse_job_id(text: str) -> Any:
@@ -814,28 +665,8 @@ def _tasks(args: argparse.Namespace, settings: Any) -> int:
         async with Queue(settings=settings, pool_size=1) as q:
             return await q.store.list_tasks()
 
-    rows = anyio.run(run)
-    if not rows:
-        print("no tasks registered yet: start a worker (notifyq worker --import yourmodule)")
-        return 0
-    print(f"{'TASK':24}  {'QUEUE':10}  TRIES  TIMEOUT  LIMITS               BREAKER")
-    for row in rows:
-        options = row["options"] or {}
-        limits = ", ".join(
-            part
-            for part in (
-                f"{row['max_concurrency']} at once" if row["max_concurrency"] else "",
-                f"{row['rate_limit']:g}/s" if row["rate_limit"] else "",
-                f"cron {options['cron']}" if options.get("cron") else "",
-            )
-            if part
-        )
-        timeout = f"{options['timeout']:g}s" if options.get("timeout") else "-"
-        print(
-            f"{row['name'][:24]:24}  {(options.get('queue') or '-')[:10]:10}  "
-            f"{row['max_attempts'] or '-'!s:>5}  {timeout:>7}  {limits or '-':19}  "
-            f"{row['breaker_state']}"
-        )
+    for line in tasks_table(anyio.run(run)):
+        print(line)
     return 0
 
 
@@ -848,7 +679,7 @@ def _prune(args: argparse.Namespace, settings: Any) -> int:
             return await prune(q.store, settings, batch=args.batch)
 
     keeps = ", ".join(
-        f"{name} after {_duration(value)}"
+        f"{name} after {duration(value)}"
         for name, value in (
             ("completed", settings.keep_completed),
             ("failed", settings.keep_failed),
@@ -859,13 +690,6 @@ def _prune(args: argparse.Namespace, settings: Any) -> int:
     _say(f"notifyq: deleting finished jobs: {keeps or 'nothing (all kept for good)'}")
     print(f"deleted {anyio.run(run)} job(s)")
     return 0
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 def _grant(args: argparse.Namespace, settings: Any) -> int:
