@@ -110,6 +110,38 @@ def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragmen
     assert fragment in one_line_error(notifyq(*args, env=notifyq_env(db_url)))
 
 
+#: The least each command takes, for the parsing test below.
+MINIMAL_ARGS = {
+    "enqueue": ["echo"],
+    "status": [str(uuid.UUID(int=1))],
+    "cancel": [str(uuid.UUID(int=1))],
+    "queue": ["mail"],
+    "grant": ["someone", "--as", "worker"],
+}
+
+
+def test_every_command_reads_its_flags_into_its_typed_arguments() -> None:
+    from notifyq.cli._args import Arguments, WorkerOptions
+    from notifyq.cli._main import COMMANDS
+    from notifyq.cli._parser import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    assert set(COMMANDS) == set(subparsers.choices or ()) - {"bench"}
+    for name in COMMANDS:
+        argv = ["--log-level", "debug", name, *MINIMAL_ARGS.get(name, [])]
+        args = COMMANDS[name](parser.parse_args(argv)).arguments
+        assert isinstance(args, Arguments) and args.log_level == "DEBUG"
+        # Only `notifyq dev` may run without DATABASE_URL (it finds its own database).
+        assert args.needs_database_url() == (name != "dev"), name
+        assert args.long_running == isinstance(args, WorkerOptions), name
+    worker = parser.parse_args(["worker", "--import", "a", "--import", "b,c", "--queues", "q"])
+    overrides = COMMANDS["worker"](worker).arguments.settings_overrides()
+    assert (overrides["imports"], overrides["queues"]) == ("a,b,c", "q")
+    printing = parser.parse_args(["grant", "someone", "--as", "producer", "--print"])
+    assert not COMMANDS["grant"](printing).arguments.needs_database_url()
+
+
 def test_usage_errors_exit_2(db_url: str) -> None:
     env = notifyq_env(db_url)
     for args in (["no-such-command"], ["worker", "--concurrency", "0"], ["enqueue"]):
