@@ -8,7 +8,11 @@ Inside, private modules by concern, each importing only those listed before it:
 - ``_args``: each command's arguments as a typed value.
 - ``_parser``: the grammar (commands, flags, their types) that fills those values.
 - ``_uvicorn``: the HTTP server of ``serve`` and ``dev``.
-- ``_main``: the commands, :func:`main` and the table of commands.
+- ``_running``: ``migrate``, ``worker``, ``serve``, ``dev``.
+- ``_jobs``: ``enqueue``, ``status``, ``jobs``, ``retry``, ``cancel``, ``prune``.
+- ``_queues``: ``queue``, ``stats``, ``top``, ``tasks``.
+- ``_roles``: ``grant``.
+- ``_main``: :func:`main` and the table of commands.
 
 Settings are built at the entry point, from the environment and the flags, and passed down;
 where the database comes from is :mod:`notifyq.bootstrap`'s rule.
