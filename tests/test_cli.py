@@ -334,6 +334,27 @@ def test_dev_with_no_database_url_runs_and_leaves_no_server(
     assert not _postmaster_alive(embedded_home)
 
 
+@pytest.mark.parametrize(
+    ("args", "variables", "fragment"),
+    [
+        (["--host", "0.0.0.0"], {}, "refusing to serve on 0.0.0.0 without a token"),
+        ([], {"NOTIFYQ_SMTP_PORT": "0"}, "NOTIFYQ_SMTP_PORT"),
+        (["--import", "no_such_module_here"], {}, "cannot import 'no_such_module_here'"),
+    ],
+    ids=["public-bind", "contrib-setting", "import"],
+)
+def test_dev_checks_what_it_can_before_it_starts_an_embedded_server(
+    embedded_home: Path, args: list[str], variables: dict[str, str], fragment: str
+) -> None:
+    env = notifyq_env("", NOTIFYQ_DATA_DIR=str(embedded_home), **variables)
+    del env["DATABASE_URL"]
+    began = time.monotonic()
+    line = one_line_error(notifyq("dev", "--port", str(free_port()), *args, env=env))
+    assert fragment in line
+    assert not list(embedded_home.iterdir()), "a cluster was made before the refusal"
+    assert time.monotonic() - began < 10
+
+
 def test_dev_reset_refuses_with_a_database_url(db_url: str) -> None:
     assert "--reset" in one_line_error(notifyq("dev", "--reset", env=notifyq_env(db_url)))
 

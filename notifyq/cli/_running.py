@@ -65,8 +65,8 @@ def _prepare_tasks(settings: Settings) -> None:
 
 
 def _registry(settings: Settings) -> Registry:
-    """What a worker of this process serves, with the settings of the built-in tasks: after
-    --import, so that every @task is in it."""
+    """What a worker of this process serves, with the settings of the built-in tasks (a bad
+    one stops the command here): after --import, so that every @task is in it."""
     from notifyq.builtins import worker_registry
     from notifyq.contrib import ContribSettings
 
@@ -118,13 +118,16 @@ def worker(args: WorkerArgs, settings: Settings) -> int:
 
 def serve(args: ServeArgs, settings: Settings) -> int:
     """Serves the API (with a worker inside, unless --no-worker) until SIGTERM/SIGINT."""
+    registry = _prepare_server(settings)
     url = f"http://{settings.host}:{settings.port}"
-    return _serve_api(settings, [f"notifyq: serving {url} (docs at {url}/docs)"])
+    return _run_server(settings, registry, [f"notifyq: serving {url} (docs at {url}/docs)"])
 
 
 def dev(args: DevArgs, settings: Settings) -> int:
     """``serve`` on the database of ``notifyq dev`` (an embedded one when DATABASE_URL is
     unset; see notifyq.bootstrap), with a banner that says how to try it."""
+    # Before any server is started (or any data deleted): the checks need no database.
+    registry = _prepare_server(settings)
     if args.reset:
         folder = reset_embedded(settings, say=progress)
         say(f"notifyq: reset: {folder} is gone; a new cluster is made now")
@@ -141,22 +144,27 @@ def dev(args: DevArgs, settings: Settings) -> int:
             """-d '{"task": "hello_world", "payload": {}}'""",
             "notifyq dev: Ctrl-C stops it",
         ]
-        return _serve_api(ready, banner)
+        return _run_server(ready, registry, banner)
 
 
-def _serve_api(settings: Settings, banner: list[str]) -> int:
+def _prepare_server(settings: Settings) -> Registry | None:
+    """What ``serve`` and ``dev`` check and build before they touch a database: the address
+    they bind (refused when public without a token), the tasks, and the registry of the
+    worker inside (None without one: an API without a worker runs no task, so it does not
+    read the tasks' settings)."""
+    refusal = guards.bind_refusal(settings)
+    if refusal is not None:
+        raise Failed(refusal)
+    _prepare_tasks(settings)
+    return _registry(settings) if settings.run_worker else None
+
+
+def _run_server(settings: Settings, registry: Registry | None, banner: list[str]) -> int:
     import uvicorn
 
     from notifyq.api import create_app
     from notifyq.cli._uvicorn import Server
 
-    refusal = guards.bind_refusal(settings)
-    if refusal is not None:
-        raise Failed(refusal)
-    _prepare_tasks(settings)
-    # As for `notifyq worker`: before migrating, and after --import. An API without a worker
-    # runs no task, so it does not read the tasks' settings.
-    registry = _registry(settings) if settings.run_worker else None
     # Migrate (or check the schema) before uvicorn starts, proving that the database
     # answers: a bad URL is one line of error, not a failed lifespan.
     anyio.run(_migrate_or_check, settings)
