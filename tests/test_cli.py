@@ -355,6 +355,18 @@ def test_dev_checks_what_it_can_before_it_starts_an_embedded_server(
     assert time.monotonic() - began < 10
 
 
+def test_a_worker_checks_its_metrics_port_before_it_migrates(empty_db_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = notifyq("worker", "--metrics-port", str(port), env=notifyq_env(empty_db_url))
+    line = one_line_error(done)
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in line
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('notifyq')").fetchone() == (None,)
+
+
 def test_dev_reset_refuses_with_a_database_url(db_url: str) -> None:
     assert "--reset" in one_line_error(notifyq("dev", "--reset", env=notifyq_env(db_url)))
 

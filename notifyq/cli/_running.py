@@ -1,7 +1,7 @@
 """The commands that run processes: ``migrate``, ``worker``, ``serve`` and ``dev``.
 
-Each builds and checks what it can (its tasks, their settings, the address it binds) before
-it touches the database, so that a mistake costs one line and changes nothing; then it
+Each builds and checks what it can (its tasks, their settings, the address or port it binds)
+before it touches the database, so that a mistake costs one line and changes nothing; then it
 migrates (or checks the schema, for a role that may not change it), then runs.
 """
 
@@ -30,6 +30,7 @@ from notifyq.migrations import migrate as apply_migrations
 from notifyq.settings import Settings
 
 if TYPE_CHECKING:
+    from notifyq.metrics import Metrics
     from notifyq.tasks import Registry
 
 logger = logging.getLogger("notifyq")
@@ -77,23 +78,16 @@ def worker(args: WorkerArgs, settings: Settings) -> int:
     """Runs a standalone worker until SIGTERM/SIGINT (or, with --burst, until nothing is due)."""
     from notifyq.worker import Worker
 
+    # All that needs no database first: a mistake in any of it stops the command before it
+    # migrates.
     _prepare_tasks(settings)
-    # Built before the database is touched, so a bad contrib setting stops the command before
-    # it migrates.
     registry = _registry(settings)
+    metrics = _serve_metrics(args.metrics_port, settings.host)
 
     async def run() -> None:
-        await _migrate_or_check(settings, report=None)
-        metrics = None
-        if args.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            from notifyq.metrics import Metrics
-
-            metrics = Metrics()
-            start_http_server(args.metrics_port, addr=settings.host, registry=metrics.registry)
-            say(f"notifyq: metrics at http://{settings.host}:{args.metrics_port}/metrics")
+        # Built in the event loop, which a worker's parts may need, but before the migration.
         worker = Worker(settings, registry, burst=args.burst, metrics=metrics, report_depth=True)
+        await _migrate_or_check(settings, report=None)
         with before_hard_exit(worker.forget_idle_mark):
             _settle_heap()
             async with anyio.create_task_group() as tg:
@@ -114,6 +108,23 @@ def worker(args: WorkerArgs, settings: Settings) -> int:
             "in the log above"
         ) from exc
     return 0
+
+
+def _serve_metrics(port: int | None, host: str) -> Metrics | None:
+    """The worker's metrics, served on ``port`` from now on (None: no port, no metrics)."""
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from notifyq.metrics import Metrics
+
+    metrics = Metrics()
+    try:
+        start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as exc:
+        raise Failed(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
+    say(f"notifyq: metrics at http://{host}:{port}/metrics")
+    return metrics
 
 
 def serve(args: ServeArgs, settings: Settings) -> int:
