@@ -14,7 +14,7 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from notifyq.db import database_url as url_of
+from notifyq.bootstrap import require_database
 from notifyq.db import open_pool
 from notifyq.errors import InvalidJob, JobNotFound
 from notifyq.models import EnqueueResult, Job, JobSpec
@@ -55,8 +55,7 @@ class Queue:
             settings = settings.model_copy(update={"database_url": database_url})
         # No embedded server here: a forgotten DATABASE_URL must fail, not enqueue into a
         # job store that no worker reads.
-        url_of(settings)
-        self._settings = settings.model_copy(update={"pool_size": pool_size})
+        self._settings = require_database(settings).model_copy(update={"pool_size": pool_size})
         self._pool: AsyncConnectionPool | None = None
         self._store: Store | None = None
         self._stack: contextlib.AsyncExitStack | None = None

@@ -1,5 +1,11 @@
 """Connections: the pool for queries, the options every connection gets, and the seam where
-psycopg's connection errors become :class:`~notifyq.errors.DatabaseUnavailable`."""
+psycopg's connection errors become :class:`~notifyq.errors.DatabaseUnavailable`.
+
+Every connection notifyq opens is built here, from the settings and a purpose (its
+``application_name``): :func:`open_pool` for queries, :func:`connect` and :func:`connect_sync`
+for one connection of their own (migrations, the schema check, grants, a last write before a
+hard exit), all with the options of :func:`connect_kwargs`. The listener takes those options
+too (:mod:`notifyq.notifier`)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import psycopg
 from psycopg import adapt, pq
 from psycopg.abc import AdaptContext, Buffer, Loader
 from psycopg.adapt import AdaptersMap
+from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
@@ -61,15 +68,27 @@ def database_url(settings: Settings) -> str:
     return settings.database_url
 
 
-def connect_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
+def connect_kwargs(
+    settings: Settings,
+    application_name: str,
+    *,
+    statement_timeout: float | None = None,
+    connect_timeout: float | None = None,
+) -> dict[str, Any]:
     """Options for every connection: a connect timeout, TCP keepalives that notice a dead peer
     within seconds, a statement timeout so that a stuck query cannot outlive a lease, a
-    search_path that no other role can write to, and loaders that survive any stored row."""
-    timeout_ms = int(settings.query_timeout * 1000)
+    search_path that no other role can write to, and loaders that survive any stored row.
+
+    ``statement_timeout`` (seconds) defaults to the settings' query timeout; 0 means none, as
+    PostgreSQL reads it, for an administrator's statements (a migration may rightly run long).
+    ``connect_timeout`` defaults to the settings' connect wait."""
+    statement_s = settings.query_timeout if statement_timeout is None else statement_timeout
+    connect_s = settings.connect_wait if connect_timeout is None else connect_timeout
     return {
         "autocommit": True,
         "application_name": application_name,
-        "connect_timeout": max(1, round(settings.connect_wait)),
+        # libpq counts whole seconds.
+        "connect_timeout": max(1, round(connect_s)),
         "keepalives": 1,
         "keepalives_idle": 5,
         "keepalives_interval": 2,
@@ -77,10 +96,66 @@ def connect_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
         # JIT compiles for tens of milliseconds what runs in one: never worth it for a queue.
         # The search_path keeps a role that may create objects in public (anyone, on
         # PostgreSQL 13 and 14) from shadowing a built-in that our statements call.
-        "options": f"-c statement_timeout={timeout_ms} -c jit=off "
+        "options": f"-c statement_timeout={int(statement_s * 1000)} -c jit=off "
         "-c search_path=pg_catalog,pg_temp",
         "context": safe_adapters(),
     }
+
+
+async def connect(
+    settings: Settings,
+    application_name: str,
+    *,
+    statement_timeout: float | None = None,
+    connect_timeout: float | None = None,
+) -> psycopg.AsyncConnection[TupleRow]:
+    """One new autocommit connection to the settings' database, with the options of
+    :func:`connect_kwargs`; the caller closes it (``async with``).
+
+    Raises :class:`~notifyq.errors.ConfigurationError` without a database URL and
+    :class:`~notifyq.errors.DatabaseUnavailable`, with the server's reason and what to check,
+    when the connection cannot be opened."""
+    url = database_url(settings)
+    options = connect_kwargs(
+        settings,
+        application_name,
+        statement_timeout=statement_timeout,
+        connect_timeout=connect_timeout,
+    )
+    try:
+        return await psycopg.AsyncConnection.connect(url, **options)
+    except psycopg.Error as exc:
+        raise _unreachable(url, first_line(exc)) from exc
+
+
+def connect_sync(
+    settings: Settings,
+    application_name: str,
+    *,
+    statement_timeout: float | None = None,
+    connect_timeout: float | None = None,
+) -> psycopg.Connection[TupleRow]:
+    """:func:`connect` for code outside an event loop: a command's one statement, or a last
+    write of a process about to exit at once (where a short ``connect_timeout`` and
+    ``statement_timeout`` keep the exit quick)."""
+    url = database_url(settings)
+    options = connect_kwargs(
+        settings,
+        application_name,
+        statement_timeout=statement_timeout,
+        connect_timeout=connect_timeout,
+    )
+    try:
+        return psycopg.Connection.connect(url, **options)
+    except psycopg.Error as exc:
+        raise _unreachable(url, first_line(exc)) from exc
+
+
+def _unreachable(url: str, reason: str) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running and "
+        "DATABASE_URL is right"
+    )
 
 
 @functools.cache
@@ -203,49 +278,37 @@ async def open_pool(
     DatabaseUnavailable is raised, so a process fails fast when the database is unreachable.
     """
     url = database_url(settings)
+    application_name = f"notifyq-{name}"
     if wait:
         # One direct attempt first: it fails at once with the server's own reason, where the
         # pool would retry (and log) until its timeout.
-        reason = await _why_unreachable(url, settings)
-        if reason is not None:
-            raise DatabaseUnavailable(
-                f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running "
-                "and DATABASE_URL is right"
-            )
+        await _connect_once(settings, application_name)
     pool: AsyncConnectionPool = _Pool(
         url,
-        kwargs=connect_kwargs(settings, f"notifyq-{name}"),
+        kwargs=connect_kwargs(settings, application_name),
         min_size=min_size,
         max_size=max_size or max(min_size, settings.pool_size),
         open=False,
-        name=f"notifyq-{name}",
+        name=application_name,
         timeout=settings.connect_wait,
     )
     try:
         await pool.open(wait=wait, timeout=settings.connect_wait + 1)
     except PoolTimeout as exc:
         await pool.close()
-        reason = await _why_unreachable(url, settings) or "timed out"
-        raise DatabaseUnavailable(
-            f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running and "
-            "DATABASE_URL is right"
-        ) from exc
+        # The server's reason, if one direct attempt gets one; else the pool's.
+        await _connect_once(settings, application_name)
+        raise _unreachable(url, "timed out") from exc
     try:
         yield pool
     finally:
         await pool.close()
 
 
-async def _why_unreachable(url: str, settings: Settings) -> str | None:
-    """Why one direct connection attempt fails, or None when it succeeds."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            url, connect_timeout=max(1, round(settings.connect_wait))
-        )
-    except Exception as exc:
-        return first_line(exc)
+async def _connect_once(settings: Settings, application_name: str) -> None:
+    """Opens and closes one connection; raises DatabaseUnavailable, saying why, if it fails."""
+    conn = await connect(settings, application_name)
     await conn.close()
-    return None
 
 
 #: Longest wait between two attempts of a pool to reconnect. psycopg_pool doubles the wait after

@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+import psycopg
 from psycopg import sql
+
+from notifyq.db import connect_sync, first_line
+from notifyq.errors import DatabaseError
+from notifyq.settings import Settings
 
 Kind = Literal["producer", "worker"]
 KINDS: tuple[Kind, ...] = ("producer", "worker")
@@ -51,3 +56,23 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
         sql.SQL("GRANT SELECT ON {} TO {}").format(reads, who),
     ]
     return found
+
+
+def grant(settings: Settings, role: str, kind: Kind) -> None:
+    """Runs the :func:`statements` of ``kind`` for ``role``, all or none.
+
+    Raises :class:`~notifyq.errors.DatabaseUnavailable` when the database cannot be reached and
+    :class:`~notifyq.errors.DatabaseError` when it refuses (the caller is not the owner of the
+    schema, or the schema is not there yet)."""
+    # No statement timeout, as for migrations: this is the schema owner's statement.
+    with connect_sync(settings, "notifyq-grant", statement_timeout=0) as conn:
+        try:
+            with conn.transaction():
+                for statement in statements(role, kind):
+                    conn.execute(statement)
+        except psycopg.Error as exc:
+            raise DatabaseError(
+                f"could not grant {kind} privileges to {role!r}: {first_line(exc)} (run it as "
+                "the owner of the notifyq schema, after `notifyq migrate`)",
+                sqlstate=exc.sqlstate,
+            ) from exc

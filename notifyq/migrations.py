@@ -2,7 +2,9 @@
 
 Each numbered file of ``sql/`` runs once, in its own transaction, and is recorded with its
 checksum in ``notifyq.migrations``. A session-level advisory lock serialises concurrent runs, so
-two processes starting at once apply each file exactly once.
+two processes starting at once apply each file exactly once. Migrations connect as every
+connection does (:func:`notifyq.db.connect`), with a search_path of ``pg_catalog`` only, so a
+migration names the schema of everything it creates or calls.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from notifyq.db import database_url, first_line, redact
-from notifyq.errors import DatabaseUnavailable, MigrationError
+from notifyq.db import connect, first_line
+from notifyq.errors import MigrationError
 from notifyq.queries import Migration, load_migrations
 from notifyq.settings import Settings
 
@@ -42,20 +44,8 @@ async def migrate(
 ) -> list[Migration]:
     """Applies the migrations that are missing and answers the ones it applied."""
     say = progress or (lambda message: logger.info("%s", message))
-    url = database_url(settings)
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            url,
-            autocommit=True,
-            application_name="notifyq-migrate",
-            connect_timeout=max(1, round(settings.connect_wait)),
-            options="-c statement_timeout=0",
-        )
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to {redact(url)}: {first_line(exc)}; check that PostgreSQL is "
-            "running and DATABASE_URL is right"
-        ) from exc
+    # No statement timeout: a migration may rewrite a large table.
+    conn = await connect(settings, "notifyq-migrate", statement_timeout=0)
     async with conn:
         if conn.info.server_version < MIN_SERVER_VERSION:
             raise MigrationError(
@@ -128,16 +118,7 @@ async def check_schema(settings: Settings) -> None:
     """Raises MigrationError, saying what to run, unless the database's schema is the one this
     notifyq needs: for processes that do not migrate (NOTIFYQ_AUTO_MIGRATE=false), such as a
     role allowed only to read and write rows."""
-    url = database_url(settings)
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=max(1, round(settings.connect_wait))
-        )
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to {redact(url)}: {first_line(exc)}; check that PostgreSQL is "
-            "running and DATABASE_URL is right"
-        ) from exc
+    conn = await connect(settings, "notifyq-check")
     async with conn:
         try:
             cursor = await conn.execute("SELECT max(version) FROM notifyq.migrations")

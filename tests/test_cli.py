@@ -110,6 +110,38 @@ def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragmen
     assert fragment in one_line_error(notifyq(*args, env=notifyq_env(db_url)))
 
 
+#: The least each command takes, for the parsing test below.
+MINIMAL_ARGS = {
+    "enqueue": ["echo"],
+    "status": [str(uuid.UUID(int=1))],
+    "cancel": [str(uuid.UUID(int=1))],
+    "queue": ["mail"],
+    "grant": ["someone", "--as", "worker"],
+}
+
+
+def test_every_command_reads_its_flags_into_its_typed_arguments() -> None:
+    from notifyq.cli._args import Arguments, WorkerOptions
+    from notifyq.cli._main import COMMANDS
+    from notifyq.cli._parser import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    assert set(COMMANDS) == set(subparsers.choices or ()) - {"bench"}
+    for name in COMMANDS:
+        argv = ["--log-level", "debug", name, *MINIMAL_ARGS.get(name, [])]
+        args = COMMANDS[name](parser.parse_args(argv)).arguments
+        assert isinstance(args, Arguments) and args.log_level == "DEBUG"
+        # Only `notifyq dev` may run without DATABASE_URL (it finds its own database).
+        assert args.needs_database_url() == (name != "dev"), name
+        assert args.long_running == isinstance(args, WorkerOptions), name
+    worker = parser.parse_args(["worker", "--import", "a", "--import", "b,c", "--queues", "q"])
+    overrides = COMMANDS["worker"](worker).arguments.settings_overrides()
+    assert (overrides["imports"], overrides["queues"]) == ("a,b,c", "q")
+    printing = parser.parse_args(["grant", "someone", "--as", "producer", "--print"])
+    assert not COMMANDS["grant"](printing).arguments.needs_database_url()
+
+
 def test_usage_errors_exit_2(db_url: str) -> None:
     env = notifyq_env(db_url)
     for args in (["no-such-command"], ["worker", "--concurrency", "0"], ["enqueue"]):
@@ -300,6 +332,39 @@ def test_dev_with_no_database_url_runs_and_leaves_no_server(
         row = conn.execute("SELECT status FROM notifyq.jobs WHERE id = %s", [job_id]).fetchone()
     assert row == ("completed",)
     assert not _postmaster_alive(embedded_home)
+
+
+@pytest.mark.parametrize(
+    ("args", "variables", "fragment"),
+    [
+        (["--host", "0.0.0.0"], {}, "refusing to serve on 0.0.0.0 without a token"),
+        ([], {"NOTIFYQ_SMTP_PORT": "0"}, "NOTIFYQ_SMTP_PORT"),
+        (["--import", "no_such_module_here"], {}, "cannot import 'no_such_module_here'"),
+    ],
+    ids=["public-bind", "contrib-setting", "import"],
+)
+def test_dev_checks_what_it_can_before_it_starts_an_embedded_server(
+    embedded_home: Path, args: list[str], variables: dict[str, str], fragment: str
+) -> None:
+    env = notifyq_env("", NOTIFYQ_DATA_DIR=str(embedded_home), **variables)
+    del env["DATABASE_URL"]
+    began = time.monotonic()
+    line = one_line_error(notifyq("dev", "--port", str(free_port()), *args, env=env))
+    assert fragment in line
+    assert not list(embedded_home.iterdir()), "a cluster was made before the refusal"
+    assert time.monotonic() - began < 10
+
+
+def test_a_worker_checks_its_metrics_port_before_it_migrates(empty_db_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = notifyq("worker", "--metrics-port", str(port), env=notifyq_env(empty_db_url))
+    line = one_line_error(done)
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in line
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('notifyq')").fetchone() == (None,)
 
 
 def test_dev_reset_refuses_with_a_database_url(db_url: str) -> None:

@@ -146,6 +146,41 @@ async def test_a_planted_overload_of_a_built_in_never_runs_as_the_worker(
         assert await cursor.fetchall() == []
 
 
+#: Overloads that match the migration's own calls exactly (its lock key is sent as an integer),
+#: where the built-ins take a bigint.
+MIGRATION_PLANTS = [
+    ("pg_advisory_lock(integer)", "void"),
+    ("pg_advisory_unlock(integer)", "boolean"),
+]
+
+
+def test_migrate_and_grant_never_call_a_planted_overload(empty_db_url: str) -> None:
+    # The schema's owner migrates and grants: its connections must resolve names in pg_catalog
+    # only, as the worker's do, or a planted function runs with the owner's rights.
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.planted_calls (name text)")
+        for signature, returns in [*PLANTS, *MIGRATION_PLANTS]:
+            name = signature.partition("(")[0]
+            conn.execute(
+                f"CREATE FUNCTION public.{signature} RETURNS {returns} LANGUAGE sql "
+                f"AS $$ INSERT INTO public.planted_calls VALUES ('{name}') "
+                f"RETURNING NULL::{returns.removeprefix('SETOF ')} $$"
+            )
+    env = notifyq_env(empty_db_url)
+    for args in (["migrate"], ["grant", "postgres", "--as", "worker"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "notifyq", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT name FROM public.planted_calls").fetchall() == []
+
+
 def test_grant_prints_and_runs_the_least_privileges(db_url: str) -> None:
     env = notifyq_env(db_url)
     printed = subprocess.run(

@@ -1,0 +1,33 @@
+"""How a command ends: its exit codes, and the one line it prints when it cannot do its job."""
+
+from __future__ import annotations
+
+import psycopg
+
+from notifyq.db import first_line
+from notifyq.errors import NotifyQError
+
+#: The command could not do its job (stderr says why, in one line).
+EXIT_ERROR = 1
+#: Bad arguments (argparse's usage, then one line).
+EXIT_USAGE = 2
+#: Stopped by Ctrl-C before it finished.
+EXIT_INTERRUPTED = 130
+
+
+class Failed(NotifyQError):
+    """A command could not do its job; the message says why."""
+
+
+def one_line(exc: BaseException) -> str | None:
+    """What to tell the user about ``exc`` (looking inside exception groups), or None for a
+    bug, which keeps its traceback."""
+    if isinstance(exc, NotifyQError):
+        return str(exc)
+    if isinstance(exc, psycopg.Error):  # from a statement outside the store
+        return f"database error: {first_line(exc)}"
+    for inner in getattr(exc, "exceptions", ()):
+        found = one_line(inner)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,141 @@
+"""``main``: reads the command line, builds the settings (the environment's, with the flags
+over them), finds the database of this process, runs the command and turns its failure into
+one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from notifyq.bootstrap import require_database
+from notifyq.cli import _jobs as jobs
+from notifyq.cli import _queues as queues
+from notifyq.cli import _roles as roles
+from notifyq.cli import _running as running
+from notifyq.cli._args import (
+    Arguments,
+    CancelArgs,
+    DevArgs,
+    EnqueueArgs,
+    GrantArgs,
+    JobsArgs,
+    MigrateArgs,
+    PruneArgs,
+    QueueArgs,
+    RetryArgs,
+    ServeArgs,
+    StatsArgs,
+    StatusArgs,
+    TasksArgs,
+    TopArgs,
+    WorkerArgs,
+)
+from notifyq.cli._errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, one_line
+from notifyq.cli._parser import arguments, build_parser
+from notifyq.cli._signals import exit_now_if_threads_hang
+from notifyq.logs import configure as configure_logging
+from notifyq.settings import Settings
+
+A = TypeVar("A", bound=Arguments)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A command with its typed arguments, to run with the settings they lead to."""
+
+    arguments: Arguments
+    run: Callable[[Settings], int]
+
+
+def _command(
+    kind: type[A], run: Callable[[A, Settings], int]
+) -> Callable[[argparse.Namespace], Invocation]:
+    """Pairs a command's function with the type of its arguments."""
+
+    def bind(namespace: argparse.Namespace) -> Invocation:
+        args = arguments(kind, namespace)
+        return Invocation(args, lambda settings: run(args, settings))
+
+    return bind
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Invocation]] = {
+    "migrate": _command(MigrateArgs, running.migrate),
+    "serve": _command(ServeArgs, running.serve),
+    "worker": _command(WorkerArgs, running.worker),
+    "dev": _command(DevArgs, running.dev),
+    "enqueue": _command(EnqueueArgs, jobs.enqueue),
+    "status": _command(StatusArgs, jobs.status),
+    "jobs": _command(JobsArgs, jobs.jobs),
+    "retry": _command(RetryArgs, jobs.retry),
+    "cancel": _command(CancelArgs, jobs.cancel),
+    "prune": _command(PruneArgs, jobs.prune),
+    "queue": _command(QueueArgs, queues.queue),
+    "stats": _command(StatsArgs, queues.stats),
+    "top": _command(TopArgs, queues.top),
+    "tasks": _command(TasksArgs, queues.tasks),
+    "grant": _command(GrantArgs, roles.grant),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``notifyq`` command; answers the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    namespace = build_parser().parse_args(argv)
+    invocation = COMMANDS[namespace.command](namespace)
+    try:
+        return _run(invocation)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except asyncio.CancelledError:
+        # Ctrl-C on Python 3.10: anyio cancels the main task, and the cancellation (not a
+        # KeyboardInterrupt, as on 3.11) ends up here. No event loop runs at this level, so
+        # nothing else can have cancelled it.
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `notifyq jobs | head`: the reader left; not an error of ours.
+        sys.stdout = open(os.devnull, "w")  # nothing more is written
+        return 0
+    except BaseException as exc:
+        message = one_line(exc)
+        if message is None:
+            raise
+        print(f"notifyq: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _run(invocation: Invocation) -> int:
+    args = invocation.arguments
+    settings = Settings.load(**args.settings_overrides())
+    configure_logging(settings.log_level, settings.log_format)
+    if args.needs_database_url():
+        require_database(settings)
+    code = invocation.run(settings)
+    if args.long_running:
+        exit_now_if_threads_hang()
+    return code
+
+
+def _bench(argv: list[str]) -> int:
+    # The bench parses its own options (argparse would take them for ours). It is a
+    # distribution of its own, notifyq-bench, so that the notifyq wheel carries none of it.
+    try:
+        from notifyq_bench import main as bench
+    except ModuleNotFoundError as exc:
+        if exc.name != "notifyq_bench":
+            raise  # the bench is there but broken: its traceback says more than we could
+        print(
+            "notifyq bench: needs notifyq-bench; from a source checkout: "
+            "pip install -e ./benchmarks",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    code: int = bench(argv)
+    return code
