@@ -49,8 +49,9 @@ class Listener:
         self._handlers: dict[str, list[Callable[[str], None]]] = {c: [] for c in channels}
         self._on_connect: list[Callable[[], None]] = []
         self._kwargs = {**connect_kwargs, "autocommit": True}
-        # The listener must not inherit the pool's statement timeout: it only waits.
-        self._kwargs.pop("options", None)
+        # The listener must not inherit the pool's statement timeout (it only waits), but keeps
+        # a search_path that no other role can write to.
+        self._kwargs["options"] = "-c search_path=pg_catalog,pg_temp"
         self._probe_interval = probe_interval
         self._max_backoff = max_backoff
         self.connected = False
@@ -115,7 +116,9 @@ class Listener:
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
         for channel in self._handlers:
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-        cursor = await conn.execute("SELECT array_agg(c) FROM pg_listening_channels() AS c")
+        cursor = await conn.execute(
+            "SELECT pg_catalog.array_agg(c) FROM pg_catalog.pg_listening_channels() AS c"
+        )
         row = await cursor.fetchone()
         if not row or not set(self._handlers) <= set(row[0] or ()):
             # Transaction-mode poolers accept LISTEN and silently forget it.

@@ -22,13 +22,17 @@ from notifyq.api import errors, fast, middleware
 from notifyq.api.deps import documented_guard
 from notifyq.api.routes import jobs, ops, queues
 from notifyq.api.schemas import ErrorOut
-from notifyq.db import database_url, open_pool
+from notifyq.bootstrap import require_database
+from notifyq.db import open_pool
 from notifyq.metrics import Metrics
 from notifyq.migrations import migrate
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tasks import Registry
 from notifyq.worker import Supervisor, Worker
+
+#: Connections the pool keeps for the in-process worker, on top of NOTIFYQ_POOL_SIZE.
+WORKER_CONNECTIONS = 4
 
 #: Open with a token set: liveness, the API's own documentation, and the dashboard's page and
 #: assets (none holds job data; the page asks for the token and sends it with every call).
@@ -56,19 +60,25 @@ def create_app(
     settings = settings if settings is not None else Settings.load()
     # Only `notifyq dev` starts an embedded PostgreSQL (and passes its URL in): a forgotten
     # DATABASE_URL in production must not create a second, empty job store.
-    database_url(settings)
+    require_database(settings)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.auto_migrate:
             await migrate(settings)
-        async with open_pool(settings, name="api", min_size=1, wait=False) as pool:
-            app.state.store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
+        # One pool for the API and its worker, with room for the worker's own statements
+        # (a claim, a flush, a heartbeat and a rescue may run at once).
+        size = settings.pool_size + (WORKER_CONNECTIONS if settings.run_worker else 0)
+        async with open_pool(settings, name="api", min_size=1, max_size=size, wait=False) as pool:
+            store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
+            app.state.store = store
             if not settings.run_worker:
                 yield
                 return
-            supervisor = Supervisor(lambda: Worker(settings, registry, metrics=metrics))
+            supervisor = Supervisor(
+                lambda: Worker(settings, registry, metrics=metrics, store=store)
+            )
             app.state.supervisor = supervisor
             async with anyio.create_task_group() as tg:
                 await tg.start(supervisor.run)

@@ -20,7 +20,8 @@ import psycopg
 from anyio.abc import TaskStatus
 
 from notifyq.builtins import worker_registry
-from notifyq.db import connect_kwargs, database_url, open_pool
+from notifyq.db import connect_kwargs, connect_sync, database_url, open_pool
+from notifyq.errors import NotifyQError
 from notifyq.metrics import Metrics
 from notifyq.models import TaskRegistration
 from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, Listener
@@ -116,14 +117,9 @@ class Worker:
     def forget_idle_mark(self) -> None:
         """Best effort, synchronous, for a process about to exit at once: removes this
         worker's idle mark, which would otherwise make every insert notify until it expires."""
-        if not self.settings.database_url:
-            return
-        with contextlib.suppress(psycopg.Error):
-            with psycopg.connect(
-                self.settings.database_url,
-                connect_timeout=1,
-                autocommit=True,
-                options="-c statement_timeout=1000",
+        with contextlib.suppress(NotifyQError, psycopg.Error):
+            with connect_sync(
+                self.settings, "notifyq-worker", connect_timeout=1, statement_timeout=1.0
             ) as conn:
                 conn.execute("SELECT notifyq.mark_busy_v1(%s)", [self.id])
 
