@@ -37,7 +37,8 @@ CREATE TABLE bench.jobs (
     queue            text NOT NULL DEFAULT 'default' CHECK (length(queue) BETWEEN 1 AND 200),
     payload          jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(payload) = 'object'),
     status           text NOT NULL DEFAULT 'queued'
-                     CHECK (status IN ('queued', 'processing', 'completed', 'failed', 'cancelled')),
+                     CHECK (status IN ('waiting', 'queued', 'processing', 'completed', 'failed',
+                                       'cancelled')),
     priority         integer NOT NULL DEFAULT 0,
     run_at           timestamptz NOT NULL DEFAULT now(),
     attempt_count    integer NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
@@ -55,6 +56,12 @@ CREATE TABLE bench.jobs (
     claims           integer NOT NULL DEFAULT 0 CHECK (claims >= 0),
     heartbeat_at     timestamptz,
     lost_count       integer NOT NULL DEFAULT 0 CHECK (lost_count >= 0),
+    depends_on       uuid[] NOT NULL DEFAULT '{}' CHECK (cardinality(depends_on) <= 1000),
+    workflow_id      uuid,
+    group_key        text CHECK (length(group_key) BETWEEN 1 AND 512),
+    group_seq        bigint,
+    group_blocked    boolean NOT NULL DEFAULT false,
+    progress         jsonb CHECK (progress IS NULL OR jsonb_typeof(progress) = 'object'),
     CONSTRAINT jobs_times_in_range CHECK (
         run_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'
         AND created_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'
@@ -71,11 +78,17 @@ CREATE TABLE bench.jobs (
     )
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 1);
-CREATE INDEX ON bench.jobs (priority DESC, run_at, id) WHERE status = 'queued';
-CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued';
+CREATE INDEX ON bench.jobs (priority DESC, run_at, id)
+    WHERE status = 'queued' AND NOT group_blocked;
+CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued' AND NOT group_blocked;
 CREATE INDEX ON bench.jobs (lease_expires_at NULLS FIRST) WHERE status = 'processing';
 CREATE UNIQUE INDEX ON bench.jobs (queue, dedup_key)
-    WHERE status = 'queued' AND dedup_key IS NOT NULL;
+    WHERE status IN ('waiting', 'queued') AND dedup_key IS NOT NULL;
+CREATE INDEX ON bench.jobs USING gin (depends_on)
+    WHERE status IN ('waiting', 'queued') AND depends_on <> '{}';
+CREATE INDEX ON bench.jobs (queue, group_key, group_seq)
+    WHERE group_key IS NOT NULL AND status IN ('waiting', 'queued', 'processing');
+CREATE INDEX ON bench.jobs (workflow_id) WHERE workflow_id IS NOT NULL;
 CREATE INDEX ON bench.jobs (created_at DESC, id DESC);
 CREATE INDEX ON bench.jobs (status, task, created_at DESC) WHERE status IN ('failed', 'cancelled');
 CREATE INDEX ON bench.jobs (finished_at) WHERE status IN ('completed', 'failed', 'cancelled');
@@ -92,7 +105,7 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON bench.jobs
 CLAIM = """
 WITH picked AS (
     SELECT id FROM bench.jobs
-    WHERE status = 'queued' AND run_at <= now()
+    WHERE status = 'queued' AND NOT group_blocked AND run_at <= now()
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
