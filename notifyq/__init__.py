@@ -37,12 +37,18 @@ __all__ = [
     "PermanentFailure",
     "Queue",
     "Settings",
+    "Snooze",
     "TaskError",
     "Worker",
+    "WorkflowResult",
     "__version__",
+    "chain",
+    "chord",
     "create_app",
     "current_job",
+    "group",
     "periodic",
+    "step",
     "task",
 ]
 
@@ -58,6 +64,7 @@ if TYPE_CHECKING:
         MigrationError,
         NotifyQError,
         PermanentFailure,
+        Snooze,
         TaskError,
     )
     from notifyq.models import EnqueueResult, Job, JobSpec, JobStatus
@@ -65,6 +72,7 @@ if TYPE_CHECKING:
     from notifyq.settings import Settings
     from notifyq.tasks import periodic, task
     from notifyq.worker import Worker
+    from notifyq.workflows import WorkflowResult, chain, chord, group, step
 
 _LOCATIONS = {
     "create_app": "notifyq.api",
@@ -81,6 +89,11 @@ _LOCATIONS = {
     "Job": "notifyq.models",
     "JobSpec": "notifyq.models",
     "JobStatus": "notifyq.models",
+    "WorkflowResult": "notifyq.workflows",
+    "chain": "notifyq.workflows",
+    "chord": "notifyq.workflows",
+    "group": "notifyq.workflows",
+    "step": "notifyq.workflows",
 }
 
 

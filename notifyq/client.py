@@ -1,7 +1,11 @@
-"""The Python client: ``async with notifyq.Queue(url) as q: await q.enqueue("echo", {...})``."""
+"""The Python client: ``async with notifyq.Queue(url) as q: await q.enqueue("echo", {...})``.
+
+Waits (:meth:`Queue.wait`) are pushed: the first one opens the queue's LISTEN connection, which
+every later wait of the queue shares (see :mod:`notifyq.watching`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -15,11 +19,14 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.bootstrap import require_database
-from notifyq.db import open_pool
-from notifyq.errors import InvalidJob, JobNotFound
+from notifyq.db import connect_kwargs, database_url, open_pool
+from notifyq.errors import InvalidJob, JobNotFound, NotifyQError
 from notifyq.models import EnqueueResult, Job, JobSpec
+from notifyq.notifier import JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
+from notifyq.watching import JobWatcher
+from notifyq.workflows import Part, Workflow, WorkflowResult, chain, plan
 
 _SPEC_KEYS = {
     "task",
@@ -30,6 +37,8 @@ _SPEC_KEYS = {
     "delay",
     "dedup_key",
     "max_attempts",
+    "depends_on",
+    "group_key",
 }
 
 
@@ -59,6 +68,9 @@ class Queue:
         self._pool: AsyncConnectionPool | None = None
         self._store: Store | None = None
         self._stack: contextlib.AsyncExitStack | None = None
+        self._watcher: JobWatcher | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._watcher_lock = anyio.Lock()
 
     async def __aenter__(self) -> Queue:
         async with contextlib.AsyncExitStack() as stack:
@@ -67,6 +79,7 @@ class Queue:
                 open_pool(settings, name="client", min_size=1)
             )
             self._store = Store(self._pool, default_max_attempts=explicit_max_attempts(settings))
+            stack.push_async_callback(self._stop_watching)
             self._stack = stack.pop_all()
         return self
 
@@ -98,12 +111,19 @@ class Queue:
         run_at: datetime | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
+        depends_on: Iterable[UUID | str] | None = None,
+        group_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> EnqueueResult:
         """Enqueues one job and answers its id, status and whether it was a duplicate. A None
         ``queue`` or ``priority`` takes the task's own default (else "default" and 0).
 
-        Raises :class:`~notifyq.errors.InvalidJob` for a malformed job."""
+        With ``depends_on`` (job ids), the job is ``waiting`` until every one of them is
+        completed, then queued at once; ``cancelled`` if one of them fails or is cancelled.
+        Jobs of one ``(queue, group_key)`` run one at a time, in the order they were enqueued.
+
+        Raises :class:`~notifyq.errors.InvalidJob` for a malformed job, and
+        :class:`~notifyq.errors.RefusedInput` when ``depends_on`` names an unknown job."""
         spec = JobSpec.create(
             task,
             payload,
@@ -113,6 +133,8 @@ class Queue:
             run_at=run_at,
             dedup_key=dedup_key,
             max_attempts=max_attempts,
+            depends_on=depends_on,
+            group_key=group_key,
         )
         return await self.store.enqueue(spec, conn=conn)
 
@@ -130,25 +152,90 @@ class Queue:
         specs = (job if isinstance(job, JobSpec) else _spec_from_mapping(job) for job in jobs)
         return await self.store.enqueue_many(specs, conn=conn)
 
+    async def enqueue_workflow(
+        self,
+        jobs: Workflow | Part | Iterable[Mapping[str, Any]],
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> WorkflowResult:
+        """Enqueues a workflow in one transaction (within ``conn``'s when given): jobs that
+        name each other by ``ref``, as ``POST /workflows`` takes them (each a mapping with a
+        ``ref`` and the keys of :meth:`enqueue`, whose ``depends_on`` names refs or stored job
+        ids), or what :func:`~notifyq.chain`, :func:`~notifyq.group` and
+        :func:`~notifyq.chord` build. Answers the workflow's id and each ref's job id.
+
+        Raises :class:`~notifyq.errors.InvalidJob`, and stores nothing, for a duplicate or
+        unknown ref, a cycle, or a malformed job."""
+        if isinstance(jobs, Part):
+            jobs = (jobs if isinstance(jobs, Workflow) else chain(jobs)).jobs()
+        planned = plan(list(jobs), _workflow_spec)
+        await self.store.enqueue_many(planned.specs, conn=conn)
+        return WorkflowResult(planned.workflow_id, planned.ids)
+
     async def get(self, job_id: UUID | str) -> Job | None:
         """The job, or None when no job has that id."""
         return await self.store.get_job(_as_uuid(job_id))
 
     async def wait(self, job_id: UUID | str, *, timeout: float = 30.0) -> Job:  # noqa: ASYNC109
-        """Waits until the job is completed, failed or cancelled and answers it.
+        """Waits until the job is completed, failed or cancelled and answers it. Woken by a
+        notification when the job changes (the queue's first wait opens its LISTEN
+        connection), not by polling.
 
         Raises TimeoutError after ``timeout`` seconds and JobNotFound for an unknown id."""
         job_uuid = _as_uuid(job_id)
-        delay = 0.01
         with anyio.fail_after(timeout):
-            while True:
-                job = await self.store.get_job(job_uuid)
-                if job is None:
-                    raise JobNotFound(f"no job {job_uuid}")
-                if job.status.finished:
-                    return job
-                await anyio.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
+            job = await self.store.get_job(job_uuid)
+            if job is None:
+                raise JobNotFound(f"no job {job_uuid}")
+            if job.status.finished:
+                return job
+            watcher = await self._job_watcher()
+            async with watcher.watch(job_uuid) as changes:
+                while True:
+                    job = await self.store.get_job(job_uuid)
+                    if job is None:
+                        raise JobNotFound(f"job {job_uuid} was deleted while waited on")
+                    if job.status.finished:
+                        return job
+                    await changes.wait()
+
+    async def _job_watcher(self) -> JobWatcher:
+        """The queue's watcher, started (with its LISTEN connection) on first use, in a task
+        of its own: a Queue may be opened and closed by different tasks (a test fixture's setup
+        and teardown), which a task group would not allow."""
+        async with self._watcher_lock:
+            if self._watcher is not None and self._watching and not self._watching.done():
+                return self._watcher
+            await self._stop_watching()  # one that stopped (its listener met a pooler, say)
+            settings = self._settings
+            listener = Listener(
+                database_url(settings),
+                channels=(JOB_CHANNEL,),
+                connect_kwargs=connect_kwargs(settings, "notifyq-client-listener"),
+            )
+            watcher = JobWatcher(self.store, listener, fallback=settings.poll_interval)
+            ready = asyncio.get_running_loop().create_future()
+
+            async def watch() -> None:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(listener.run)
+                    await tg.start(watcher.run)
+                    ready.set_result(None)
+
+            self._watching = asyncio.create_task(watch(), name="notifyq-client-watcher")
+            await asyncio.wait({ready, self._watching}, return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():
+                failed, self._watching = self._watching, None
+                failed.result()  # raises why it could not start (the database is away, say)
+            self._watcher = watcher
+            return watcher
+
+    async def _stop_watching(self) -> None:
+        task, self._watching, self._watcher = self._watching, None, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, NotifyQError):
+                await task
 
 
 def _as_uuid(job_id: UUID | str) -> UUID:
@@ -160,12 +247,13 @@ def _as_uuid(job_id: UUID | str) -> UUID:
         raise InvalidJob(f"{job_id!r} is not a job id (a UUID)") from None
 
 
-def _spec_from_mapping(job: Mapping[str, Any]) -> JobSpec:
+def _spec_from_mapping(job: Mapping[str, Any], **given: Any) -> JobSpec:
     unknown = set(job) - _SPEC_KEYS
     if unknown:
         raise InvalidJob(f"unknown job field(s): {', '.join(sorted(unknown))}")
     if "task" not in job:
         raise InvalidJob("each job needs a task")
+    options = {"depends_on": job.get("depends_on"), "group_key": job.get("group_key")}
     return JobSpec.create(
         job["task"],
         job.get("payload"),
@@ -175,4 +263,19 @@ def _spec_from_mapping(job: Mapping[str, Any]) -> JobSpec:
         delay=job.get("delay"),
         dedup_key=job.get("dedup_key"),
         max_attempts=job.get("max_attempts"),
+        **(options | given),
     )
+
+
+def _workflow_spec(
+    index: int, job: Mapping[str, Any], depends_on: list[UUID], workflow_id: UUID, job_id: UUID
+) -> JobSpec:
+    """The spec of the workflow's job at ``index``: a job mapping, without a dedup_key (a
+    duplicate would leave the workflow's other jobs naming a job that is not theirs)."""
+    if job.get("dedup_key") is not None:
+        raise InvalidJob(f"jobs[{index}]: a job of a workflow cannot have a dedup_key")
+    fields = {key: value for key, value in job.items() if key != "ref"}
+    try:
+        return _spec_from_mapping(fields, depends_on=depends_on, workflow_id=workflow_id, id=job_id)
+    except InvalidJob as exc:
+        raise InvalidJob(f"jobs[{index}] (ref {job.get('ref')!r}): {exc}") from None

@@ -69,6 +69,25 @@ class PermanentFailure(NotifyQError):
     (for input that will never work, such as a malformed payload)."""
 
 
+#: Longest snooze: ten years, as the longest delay of a submission.
+MAX_SNOOZE_SECONDS = 10 * 366 * 86_400
+
+
+class Snooze(NotifyQError):
+    """Raise from a task handler to run the job again ``seconds`` from now: it goes back to
+    ``queued`` with its ``run_at`` that far ahead, its lease released and the attempt not
+    counted (a resource not ready yet, a rate limit of someone else's). A grouped job keeps its
+    place at the head of its group."""
+
+    def __init__(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError("Snooze(seconds): seconds must be a number")
+        if not 0 <= seconds <= MAX_SNOOZE_SECONDS:  # also refuses NaN
+            raise ValueError(f"Snooze(seconds): seconds must be from 0 to {MAX_SNOOZE_SECONDS}")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+
+
 def describe(exc: BaseException) -> str:
     """``Type: first line of the message`` of ``exc``, looking inside exception groups of one
     (a task group wraps the error of the task that failed), for one-line reports."""

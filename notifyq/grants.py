@@ -3,8 +3,9 @@
 The schema's owner runs the migrations; nothing else needs DDL. Roles of the other kinds:
 
 - ``producer``: enqueues jobs (a plain ``INSERT`` of the columns a producer may set,
-  ``notifyq.enqueue``, ``Queue.enqueue``) and reads jobs (``Queue.get``, ``Queue.wait``). It can
-  neither change a job nor claim one. The insert triggers and the enqueue functions run as the
+  ``notifyq.enqueue``, ``Queue.enqueue``, workflows) and reads jobs (``Queue.get``,
+  ``Queue.wait``, whose watch goes through a function). It can neither change a job nor claim
+  one. The insert triggers and the enqueue functions run as the
   schema's owner (they read the tasks' registrations and the waiting workers), so the producer
   needs no privilege on those tables.
 - ``worker``: runs workers and the API (``serve --no-worker`` too, with
@@ -28,9 +29,12 @@ KINDS: tuple[Kind, ...] = ("producer", "worker")
 
 #: The columns of notifyq.jobs a producer may name in an INSERT (the rest are the engine's).
 PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "dedup_key",
-                    "max_attempts", "created_at")  # fmt: skip
+                    "max_attempts", "created_at", "depends_on", "group_key",
+                    "workflow_id")  # fmt: skip
 #: Tables whose rows a worker (or the API) reads and writes.
-WORKER_TABLES = ("jobs", "tasks", "queues", "periodic_ticks", "waiting_workers")
+WORKER_TABLES = (
+    "jobs", "tasks", "queues", "periodic_ticks", "waiting_workers", "watched_jobs"
+)  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")
 

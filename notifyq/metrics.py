@@ -91,6 +91,10 @@ class Metrics:
         self.cancelled = by_queue(
             "notifyq_jobs_cancelled", "Running jobs stopped by a cancel request."
         )
+        self.snoozed = by_queue(
+            "notifyq_jobs_snoozed",
+            "Attempts whose handler raised Snooze: back to the queue for later, not counted.",
+        )
         self.pickup = self._by_queue(
             Histogram(
                 "notifyq_pickup_latency_seconds",
@@ -186,7 +190,7 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-_DEPTH_STATUSES = ("queued", "due", "processing", "completed", "failed", "cancelled")
+_DEPTH_STATUSES = ("waiting", "queued", "due", "processing", "completed", "failed", "cancelled")
 
 
 class LabelBounds:

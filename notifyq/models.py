@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -25,11 +25,17 @@ MAX_ATTEMPTS_LIMIT = 1000
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 #: Deepest nesting of a payload or result (the API's JSON serialiser stops at 255).
 MAX_DEPTH = 100
+#: Most jobs one job may depend on (the database's bound too).
+MAX_DEPENDENCIES = 1000
+#: Longest group_key (the database's bound too).
+MAX_GROUP_KEY_LENGTH = 512
 
 
 class JobStatus(str, Enum):
-    """Where a job is in its life: queued → processing → completed | failed (or cancelled)."""
+    """Where a job is in its life: waiting (for the jobs it depends on) → queued → processing
+    → completed | failed (or cancelled)."""
 
+    WAITING = "waiting"
     QUEUED = "queued"
     PROCESSING = "processing"
     COMPLETED = "completed"
@@ -68,6 +74,12 @@ class Job:
     worker_id: str | None
     lease_expires_at: datetime | None
     cancel_requested_at: datetime | None = None
+    #: The jobs this one waits for (it runs once every one is completed).
+    depends_on: list[UUID] = field(default_factory=list)
+    group_key: str | None = None
+    workflow_id: UUID | None = None
+    #: A running (or finished) job's last report: {"fraction": 0..1 or None, "message": ...}.
+    progress: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -76,6 +88,8 @@ class Job:
         values["status"] = JobStatus(values["status"])
         if not isinstance(values.get("errors"), list):
             values["errors"] = []  # a stored value that could not be decoded
+        if "progress" in values and not _is_progress(values["progress"]):
+            values["progress"] = None  # written by hand, or undecodable
         return cls(**values)
 
     @classmethod
@@ -127,6 +141,25 @@ class JobSpec:
     dedup_key: str | None = None
     max_attempts: int | None = None
     payload: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: The jobs it waits for, without repeats.
+    depends_on: tuple[UUID, ...] = ()
+    group_key: str | None = None
+    workflow_id: UUID | None = None
+    #: The job's own id, when the caller chose it (the jobs of a workflow name each other).
+    id: UUID | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Whether a plain INSERT stores it: no duplicate to look for, its task known, and none
+        of the columns of dependencies, groups and workflows."""
+        return (
+            self.dedup_key is None
+            and self.task is not None
+            and not self.depends_on
+            and self.group_key is None
+            and self.workflow_id is None
+            and self.id is None
+        )
 
     @classmethod
     def create(
@@ -140,6 +173,10 @@ class JobSpec:
         delay: float | timedelta | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
+        depends_on: Iterable[UUID | str] | None = None,
+        group_key: str | None = None,
+        workflow_id: UUID | None = None,
+        id: UUID | None = None,
     ) -> JobSpec:
         """Validates every field and encodes the payload; InvalidJob says what is wrong."""
         payload = {} if payload is None else payload
@@ -176,6 +213,12 @@ class JobSpec:
             or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
         ):
             raise InvalidJob(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
+        if group_key is not None:
+            if not isinstance(group_key, str) or not group_key:
+                raise InvalidJob("group_key must be a non-empty string")
+            if len(group_key) > MAX_GROUP_KEY_LENGTH:
+                raise InvalidJob(f"group_key is longer than {MAX_GROUP_KEY_LENGTH} characters")
+            check_text("group_key", group_key)
         return cls(
             task=task,
             payload_json=encode_json(payload, what="payload"),
@@ -186,7 +229,38 @@ class JobSpec:
             dedup_key=dedup_key,
             max_attempts=max_attempts,
             payload=payload,
+            depends_on=() if depends_on is None else check_job_ids("depends_on", depends_on),
+            group_key=group_key,
+            workflow_id=workflow_id,
+            id=id,
         )
+
+
+def check_job_ids(what: str, ids: Iterable[UUID | str]) -> tuple[UUID, ...]:
+    """Job ids (UUIDs, or their text), in their order, without repeats; at most
+    MAX_DEPENDENCIES of them."""
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+        raise InvalidJob(f"{what} must be a list of job ids")
+    found: dict[UUID, None] = {}
+    for index, item in enumerate(ids):
+        if isinstance(item, UUID):
+            found[item] = None
+        elif isinstance(item, str):
+            try:
+                found[UUID(item)] = None
+            except ValueError:
+                raise InvalidJob(
+                    f"{what}[{index}] is not a job id (a UUID): {item[:60]!r}"
+                ) from None
+        else:
+            raise InvalidJob(f"{what}[{index}] must be a job id (a UUID string)")
+        if len(found) > MAX_DEPENDENCIES:
+            raise InvalidJob(f"{what} names more than {MAX_DEPENDENCIES} jobs")
+    return tuple(found)
+
+
+def _is_progress(value: object) -> bool:
+    return value is None or (isinstance(value, dict) and not isinstance(value, Undecodable))
 
 
 def check_name(what: str, value: object) -> str:
@@ -348,6 +422,8 @@ class ClaimedJob:
     #: hold must not make the claim itself fail.
     created_at: float
     run_at: float
+    #: The results of the jobs it depends on, by id (text); None when it depends on none.
+    dependencies: dict[str, Any] | None = None
 
 
 # -- what a worker reports about the jobs it holds ---------------------------------------------
@@ -385,6 +461,27 @@ class Failure:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Snoozed:
+    """An attempt whose handler raised :class:`~notifyq.Snooze`: back to the queue in
+    ``delay`` seconds, the attempt not counted."""
+
+    job_id: UUID
+    claim: int
+    delay: float
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A running job's progress report, as a worker writes it."""
+
+    job_id: UUID
+    claim: int
+    fraction: float | None
+    message: str | None
+
+
 class OutcomeKind(str, Enum):
     """What became of an attempt, as a worker writes it (and names it in logs and metrics)."""
 
@@ -392,6 +489,7 @@ class OutcomeKind(str, Enum):
     FAILED = "failed"
     RELEASED = "released"
     CANCELLED = "cancelled"
+    SNOOZED = "snoozed"
 
     def __str__(self) -> str:
         return self.value
@@ -424,6 +522,19 @@ class Cancelled:
     def of(cls, *, was: str, status: str) -> Cancelled:
         """From the row of notifyq.cancel_job_v1 (a ``kwargs_row`` factory)."""
         return cls(JobStatus(was), JobStatus(status))
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """What a retry found: the job's status now, and why it did not go back (None: it did)."""
+
+    status: JobStatus
+    refused: str | None
+
+    @classmethod
+    def of(cls, *, status: str, refused: str | None) -> Retried:
+        """From the row of notifyq.retry_v1 (a ``kwargs_row`` factory)."""
+        return cls(JobStatus(status), refused)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,11 @@
 """The listener: one dedicated LISTEN connection per process, kept alive and reconnected.
 
 NOTIFY is only a hint. The listener never reads jobs; it calls the handlers subscribed to each
-channel with the notification's payload (``notifyq``: a queue has new work; ``notifyq_cancel``: a
-job id to stop) and its ``on_connect`` callbacks after every (re)connect, because notifications
-sent while it was away are gone and a worker must look at the table once. It probes the
-connection when nothing arrived for a while, so a dead TCP connection cannot pass for a quiet
-one.
+channel with the notification's payload (``notifyq``: a queue has new work; ``notifyq_cancel``:
+a job id to stop; ``notifyq_job``: a watched job changed) and its ``on_connect`` callbacks after
+every (re)connect, because notifications sent while it was away are gone and a subscriber must
+look at the table once. It probes the connection when nothing arrived for a while, so a dead
+TCP connection cannot pass for a quiet one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 CHANNEL = "notifyq"
 #: Stop the running job whose id is the payload.
 CANCEL_CHANNEL = "notifyq_cancel"
+#: The job whose id is the payload changed, and someone watches it (see notifyq.watching).
+JOB_CHANNEL = "notifyq_job"
 
 
 class Listener:

@@ -142,6 +142,12 @@ class Settings(BaseSettings):
     auto_migrate: bool = Field(default=True, description="Apply migrations when a process starts.")
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     pool_size: int = Field(default=10, ge=1, le=1000)
+    max_streams: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Open GET /jobs/{id}/events streams one API process serves at once.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = Field(
         default="text", description="text for people, json for one object per line."

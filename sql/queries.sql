@@ -48,56 +48,61 @@ WITH input AS MATERIALIZED (
 SELECT pg_catalog.now(), (SELECT pg_catalog.count(*) FROM inserted),
        (SELECT pg_catalog.array_agg(id ORDER BY ord) FROM input)
 
--- With a dedup_key (or a task to take from the payload): notifyq.enqueue_v2 applies the
--- duplicate rule and the defaults.
+-- With a dedup_key, a task to take from the payload, dependencies, a group, a workflow or an id
+-- of its own: notifyq.enqueue_v3 (sql/005) applies the duplicate rule and the defaults.
 -- name: enqueue
 SELECT job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_v2(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
+FROM notifyq.enqueue_v3(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
                         %(priority)s::integer, %(run_at)s::timestamptz, %(delay)s::float8,
-                        %(dedup_key)s::text, %(max_attempts)s::integer, %(fallback)s::integer)
+                        %(dedup_key)s::text, %(max_attempts)s::integer, %(fallback)s::integer,
+                        %(depends_on)s::uuid[], %(group_key)s::text, %(workflow_id)s::uuid,
+                        %(id)s::uuid)
 
--- A batch with dedup keys, or tasks to take from payloads: notifyq.enqueue_many_v2.
+-- A batch of such jobs: notifyq.enqueue_many_v3. Each job's depends_on goes as the text of an
+-- array ('{}' for none): an array of arrays must be rectangular.
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_many_v2(
+FROM notifyq.enqueue_many_v3(
     %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[], %(priorities)b::integer[],
     %(run_ats)b::timestamptz[], %(delays)b::float8[], %(dedup_keys)b::text[],
-    %(max_attempts)b::integer[], %(fallback)s::integer)
+    %(max_attempts)b::integer[], %(fallback)s::integer, %(depends_on)b::text[],
+    %(group_keys)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[])
 ORDER BY ord
 
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
--- See notifyq.claim_v2 (sql/003).
+-- See notifyq.claim_v3 (sql/005): with the results of the jobs each depends on.
 -- name: claim_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
-       claims AS claim, created_at, run_at
-FROM notifyq.claim_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
+       claims AS claim, created_at, run_at, dependencies
+FROM notifyq.claim_v3(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
                       %(lease)s::float8, %(probe)s)
 
--- Seconds until the worker's next delayed job is due (see notifyq.next_due_v1).
+-- Seconds until the worker's next delayed job is due (see notifyq.next_due_v2).
 -- name: seconds_to_next_job
-SELECT notifyq.next_due_v1(%(tasks)b::text[], %(queues)b::text[]);
+SELECT notifyq.next_due_v2(%(tasks)b::text[], %(queues)b::text[]);
 
--- Records successful attempts, one statement for a whole batch, fenced by the claim: see
--- notifyq.complete_v2 (sql/003).
+-- Records successful attempts, one statement for a whole batch, fenced by the claim; the jobs
+-- that waited for them and the next members of their groups move on in the same transaction:
+-- see notifyq.complete_v3 (sql/005).
 -- name: complete_jobs
-SELECT id FROM notifyq.complete_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+SELECT id FROM notifyq.complete_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                                   %(results)b::jsonb[]) AS id
 
--- Records failed attempts, one statement for a batch: see notifyq.fail_v2 (sql/003).
+-- Records failed attempts, one statement for a batch: see notifyq.fail_v3 (sql/005).
 -- name: fail_jobs
-SELECT id, status FROM notifyq.fail_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+SELECT id, status FROM notifyq.fail_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                               %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[])
 
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the
--- interrupted attempt: see notifyq.release_v2 (sql/003).
+-- interrupted attempt: see notifyq.release_v3 (sql/005).
 -- name: release_jobs
-SELECT id FROM notifyq.release_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[]) AS id
+SELECT id FROM notifyq.release_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[]) AS id
 
 -- The heartbeat: renews the leases of the jobs a worker holds, and confirms those whose handler
 -- runs; answers the ids still held, with whether a cancel was requested (see notifyq.beat_v1).
@@ -105,14 +110,24 @@ SELECT id FROM notifyq.release_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::in
 SELECT id, cancel_requested FROM notifyq.beat_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                               %(running)b::boolean[], %(lease)s::float8)
 
--- Records attempts stopped by a cancel request (see notifyq.cancel_running_v2).
+-- Records attempts stopped by a cancel request (see notifyq.cancel_running_v3).
 -- name: cancel_running
-SELECT id FROM notifyq.cancel_running_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[]) AS id
+SELECT id FROM notifyq.cancel_running_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[]) AS id
+
+-- Puts snoozed jobs back in the queue for later, attempt not counted (see notifyq.snooze_v1).
+-- name: snooze_jobs
+SELECT id FROM notifyq.snooze_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                 %(delays)b::float8[]) AS id
+
+-- Records the progress of running jobs (see notifyq.progress_v1).
+-- name: report_progress
+SELECT id FROM notifyq.progress_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                   %(fractions)b::float8[], %(messages)b::text[]) AS id
 
 -- Requeues (or fails, or cancels) jobs whose lease ran out or that have none: their worker died
--- or hung. See notifyq.rescue_v2 (sql/003).
+-- or hung. See notifyq.rescue_v3 (sql/005).
 -- name: rescue_expired
-SELECT id, status, counted FROM notifyq.rescue_v2(%(limit)s)
+SELECT id, status, counted FROM notifyq.rescue_v3(%(limit)s)
 
 -- name: register_task
 SELECT notifyq.register_task_v1(
@@ -137,37 +152,30 @@ ORDER BY name;
 -- name: list_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
 FROM notifyq.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
   AND (%(after_created)s::timestamptz IS NULL
        OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
--- A failed or cancelled job goes back to the queue with its attempts reset; its error history
--- stays. Not while a newer job with the same dedup_key is queued (that one replaces it).
+-- A failed or cancelled job goes back (see notifyq.retry_v1): answers its status now and, when
+-- it did not go back, why.
 -- name: retry_job
-WITH retried AS (
-    UPDATE notifyq.jobs
-    SET status = 'queued', attempt_count = 0, lost_count = 0, run_at = now(),
-        started_at = NULL, finished_at = NULL, heartbeat_at = NULL, worker_id = NULL,
-        lease_expires_at = NULL, result = NULL, cancel_requested_at = NULL
-    WHERE id = %(id)s AND status IN ('failed', 'cancelled')
-      AND notifyq.queued_duplicate_v1(queue, dedup_key) IS NULL
-    RETURNING id, queue
-)
-SELECT id, notifyq.wake_v1(ARRAY[queue]) FROM retried;
+SELECT status, refused FROM notifyq.retry_v1(%(id)s)
 
 -- Requeues failed (or cancelled) jobs matching the filters, %(limit)s candidates at a time in id
 -- order after %(after)s; the caller repeats with the last candidate until fewer come back, so no
--- statement locks many rows. Of several jobs with one dedup_key only the newest goes back, and
--- none while a job with that key is queued.
+-- statement locks many rows. Of several jobs with one dedup_key only the newest goes back (none
+-- while a job with that key has not started); each goes back as notifyq.retry_v1 says, the
+-- members of a group in the order they were submitted.
 -- name: retry_jobs
-WITH candidates AS (
-    SELECT id, queue, dedup_key, created_at
+WITH candidates AS MATERIALIZED (
+    SELECT id, queue, dedup_key, created_at, group_seq
     FROM notifyq.jobs
     WHERE status = %(status)s::text AND id > %(after)s::uuid
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -175,24 +183,18 @@ WITH candidates AS (
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), chosen AS (
-    SELECT DISTINCT ON (queue, coalesce(dedup_key, id::text)) id
+), chosen AS MATERIALIZED (
+    SELECT DISTINCT ON (queue, coalesce(dedup_key, id::text)) id, group_seq
     FROM candidates
-    WHERE notifyq.queued_duplicate_v1(queue, dedup_key) IS NULL
     ORDER BY queue, coalesce(dedup_key, id::text), created_at DESC
-), retried AS (
-    UPDATE notifyq.jobs AS j
-    SET status = 'queued', attempt_count = 0, lost_count = 0, run_at = now(),
-        started_at = NULL, finished_at = NULL, heartbeat_at = NULL, worker_id = NULL,
-        lease_expires_at = NULL, result = NULL, cancel_requested_at = NULL
-    FROM chosen
-    WHERE j.id = chosen.id
-    RETURNING j.queue
+), retried AS MATERIALIZED (
+    SELECT r.refused
+    FROM (SELECT id FROM chosen ORDER BY group_seq NULLS LAST, id) AS c
+    CROSS JOIN LATERAL notifyq.retry_v1(c.id) AS r
 )
-SELECT (SELECT count(*) FROM retried)::integer,
+SELECT (SELECT count(*) FROM retried WHERE refused IS NULL)::integer,
        (SELECT count(*) FROM candidates)::integer,
-       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1),
-       (SELECT coalesce(notifyq.wake_v1(pg_catalog.array_agg(DISTINCT queue)), 0) FROM retried);
+       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
 
 -- Registers the worker as waiting for work (see notifyq.waiting_workers); answers whether it
 -- got the advisory lock that makes the claim after it see every earlier insert.
@@ -205,19 +207,47 @@ SELECT notifyq.mark_busy_v1(%(worker_id)s);
 -- name: refresh_waiting
 SELECT notifyq.refresh_waiting_v1(%(worker_id)s, %(ttl)s::float8);
 
+-- Deletes the idle marks and the watches that their processes stopped refreshing.
 -- name: prune_waiting
-SELECT notifyq.prune_waiting_v1();
+SELECT notifyq.prune_marks_v1();
 
 -- Cancels a job: a queued one (or one no live worker holds) at once; a running one is marked and
--- its worker told. Answers the status it had and the one it has (see notifyq.cancel_job_v1).
+-- its worker told; the jobs waiting for it are cancelled too. Answers the status it had and the
+-- one it has (see notifyq.cancel_job_v2).
 -- name: cancel_job
-SELECT was, status FROM notifyq.cancel_job_v1(%(id)s)
+SELECT was, status FROM notifyq.cancel_job_v2(%(id)s)
 
--- Deletes a finished job; answers its id, or nothing when it is not finished (or unknown).
+-- Deletes a finished job; answers its id, or nothing when it is not finished (or unknown), or
+-- when a job that has not started depends on it (its result is that job's input).
 -- name: delete_job
-DELETE FROM notifyq.jobs
-WHERE id = %(id)s AND status IN ('completed', 'failed', 'cancelled')
-RETURNING id;
+DELETE FROM notifyq.jobs AS j
+WHERE j.id = %(id)s AND j.status IN ('completed', 'failed', 'cancelled')
+  AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS c
+                  WHERE c.status IN ('waiting', 'queued') AND c.depends_on <> '{}'
+                    AND c.depends_on @> ARRAY[j.id])
+RETURNING j.id;
+
+-- The jobs of a workflow, in the order they were created.
+-- name: workflow_jobs
+SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+       dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
+FROM notifyq.jobs
+WHERE workflow_id = %(workflow_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- Watches a job for %(ttl)s seconds: its changes are announced on the channel notifyq_job (see
+-- notifyq.watch_v1). Answers whether the job exists.
+-- name: watch_job
+SELECT notifyq.watch_v1(%(id)s, %(watcher)s, %(ttl)s::float8);
+
+-- Keeps watches alive (see notifyq.refresh_watches_v1).
+-- name: refresh_watches
+SELECT notifyq.refresh_watches_v1(%(watcher)s, %(ids)b::uuid[], %(ttl)s::float8);
+
+-- name: unwatch_jobs
+SELECT notifyq.unwatch_v1(id, %(watcher)s) FROM pg_catalog.unnest(%(ids)b::uuid[]) AS id;
 
 -- Counts per queue. Queued, processing, failed and cancelled rows are few by construction and
 -- counted exactly through their partial indexes; completed rows can be millions, so above
@@ -228,6 +258,7 @@ WITH estimate AS (
     FROM pg_class WHERE oid = 'notifyq.jobs'::regclass
 ), live AS (
     SELECT queue,
+           count(*) FILTER (WHERE status = 'waiting') AS waiting,
            count(*) FILTER (WHERE status = 'queued') AS queued,
            count(*) FILTER (WHERE status = 'queued' AND run_at <= now()) AS due,
            count(*) FILTER (WHERE status = 'processing') AS processing,
@@ -237,7 +268,7 @@ WITH estimate AS (
                                                            AND run_at <= now()))::float8
                AS oldest_due_seconds
     FROM notifyq.jobs
-    WHERE status IN ('queued', 'processing', 'failed', 'cancelled')
+    WHERE status IN ('waiting', 'queued', 'processing', 'failed', 'cancelled')
     GROUP BY queue
 ), recent AS (
     SELECT queue,
@@ -263,7 +294,7 @@ WITH estimate AS (
     UNION SELECT name FROM notifyq.queues
 )
 SELECT n.queue,
-       coalesce(l.queued, 0) AS queued, coalesce(l.due, 0) AS due,
+       coalesce(l.waiting, 0) AS waiting, coalesce(l.queued, 0) AS queued, coalesce(l.due, 0) AS due,
        coalesce(l.processing, 0) AS processing,
        coalesce(ce.completed, cs.completed, 0) AS completed,
        coalesce(l.failed, 0) AS failed, coalesce(l.cancelled, 0) AS cancelled,
@@ -302,11 +333,11 @@ SELECT name, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM cha
 SELECT max(version) FROM notifyq.migrations;
 
 -- Claims jobs under a task's concurrency or rate limit, or a queue's rate limit (see
--- notifyq.claim_limited_v2).
+-- notifyq.claim_limited_v3).
 -- name: claim_limited_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
-       claims AS claim, created_at, run_at
-FROM notifyq.claim_limited_v2(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
+       claims AS claim, created_at, run_at, dependencies
+FROM notifyq.claim_limited_v3(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
                               %(limit)s, %(lease)s::float8);
 
 -- Whether the worker must use the limited claim (see notifyq.limits_exist_v1).
@@ -319,9 +350,10 @@ SELECT notifyq.enqueue_tick_v2(%(task)s, %(tick)s, %(payload)s::jsonb);
 -- name: database_now
 SELECT notifyq.clock_v1();
 
--- Retention, one batch (see notifyq.prune_v1); the caller repeats until fewer come back.
+-- Retention, one batch (see notifyq.prune_v2: never a job that a job not started yet depends
+-- on); the caller repeats until fewer come back.
 -- name: prune_jobs
-SELECT notifyq.prune_v1(%(status)s::text, %(keep)s::float8, %(limit)s);
+SELECT notifyq.prune_v2(%(status)s::text, %(keep)s::float8, %(limit)s);
 
 -- name: prune_ticks
 SELECT notifyq.prune_ticks_v1();

@@ -60,6 +60,8 @@ JOB_IN_FIELDS = {
     "delay",
     "max_attempts",
     "dedup_key",
+    "depends_on",
+    "group_key",
 }
 
 Serve = Callable[..., contextlib.AbstractAsyncContextManager[httpx.AsyncClient]]

@@ -28,6 +28,7 @@ from notifyq.builtins import worker_registry
 from notifyq.client import Queue
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task
+from notifyq.workflows import chain, step
 from tests.helpers import ROOT, notifyq_env, processes, running_worker, wait_for_status
 
 #: Exact-typed overloads of built-ins that notifyq's statements call: each one shadows the
@@ -223,7 +224,7 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
                 await conn.execute("UPDATE notifyq.jobs SET status = 'completed'")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 await conn.execute(
-                    "SELECT * FROM notifyq.claim_v2('me', ARRAY['echo'], NULL, 10, 30, false)"
+                    "SELECT * FROM notifyq.claim_v3('me', ARRAY['echo'], NULL, 10, 30, false)"
                 )
         async with Queue(settings=settings.model_copy(update={"database_url": url})) as q:
             one = await q.enqueue("echo", {"n": 1})
@@ -232,9 +233,14 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
             )
             assert len(many) == 301
             assert (await q.get(one.job_id)) is not None
+            # Dependencies, groups and workflows are a producer's too, and so are waits.
+            await q.enqueue("echo", {}, depends_on=[one.job_id], group_key="g")
+            await q.enqueue_workflow(chain(step("echo"), step("echo")))
+            with pytest.raises(TimeoutError):
+                await q.wait(one.job_id, timeout=0.5)
     with psycopg.connect(db_url) as admin:
         row = admin.execute("SELECT count(*) FROM notifyq.jobs").fetchone()
-    assert row is not None and row[0] == 1 + 1 + 1 + 301
+    assert row is not None and row[0] == 1 + 1 + 1 + 301 + 1 + 2
 
 
 async def test_a_worker_role_runs_the_worker_and_the_api_without_migrating(

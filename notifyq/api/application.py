@@ -1,16 +1,18 @@
 """``create_app(settings)``: the FastAPI app of notifyq, put together from its parts.
 
-The lifespan applies migrations (unless told not to), opens the connection pool and, unless
-``run_worker`` is off, runs a worker in the same process. What the app is made of lives one
-level down: the middleware (:mod:`.middleware`), the error answers (:mod:`.errors`), the
-submission routes (:mod:`.fast`) and the routers of :mod:`.routes`, whose routes receive the
-store and settings as dependencies (:mod:`.deps`) and answer with the models of
-:mod:`.schemas`.
+The lifespan applies migrations (unless told not to), opens the connection pool and the
+process's one LISTEN connection (shared by the job watcher of the event streams and the
+worker) and, unless ``run_worker`` is off, runs a worker in the same process. What the app is
+made of lives one level down: the middleware (:mod:`.middleware`), the error answers
+(:mod:`.errors`), the submission routes (:mod:`.fast`) and the routers of :mod:`.routes`, whose
+routes receive the store and settings as dependencies (:mod:`.deps`) and answer with the models
+of :mod:`.schemas`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import anyio
@@ -20,16 +22,21 @@ from fastapi.middleware.cors import CORSMiddleware
 from notifyq._version import __version__
 from notifyq.api import errors, fast, middleware
 from notifyq.api.deps import documented_guard
-from notifyq.api.routes import jobs, ops, queues
+from notifyq.api.routes import events, jobs, ops, queues, workflows
 from notifyq.api.schemas import ErrorOut
 from notifyq.bootstrap import require_database
-from notifyq.db import open_pool
+from notifyq.db import connect_kwargs, database_url, open_pool
+from notifyq.errors import ConfigurationError, DatabaseUnavailable
 from notifyq.metrics import Metrics
 from notifyq.migrations import migrate
+from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tasks import Registry
+from notifyq.watching import JobWatcher
 from notifyq.worker import Supervisor, Worker
+
+logger = logging.getLogger(__name__)
 
 #: Connections the pool keeps for the in-process worker, on top of NOTIFYQ_POOL_SIZE.
 WORKER_CONNECTIONS = 4
@@ -70,22 +77,37 @@ def create_app(
         # One pool for the API and its worker, with room for the worker's own statements
         # (a claim, a flush, a heartbeat and a rescue may run at once).
         size = settings.pool_size + (WORKER_CONNECTIONS if settings.run_worker else 0)
-        async with open_pool(settings, name="api", min_size=1, max_size=size, wait=False) as pool:
+        async with (
+            open_pool(settings, name="api", min_size=1, max_size=size, wait=False) as pool,
+            anyio.create_task_group() as background,
+        ):
             store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
             app.state.store = store
-            if not settings.run_worker:
-                yield
-                return
-            supervisor = Supervisor(
-                lambda: Worker(settings, registry, metrics=metrics, store=store)
+            listener = _listener(settings)
+            background.start_soon(_keep_listening, listener)
+            watcher = JobWatcher(
+                store, listener, fallback=settings.poll_interval, max_watches=settings.max_streams
             )
-            app.state.supervisor = supervisor
-            async with anyio.create_task_group() as tg:
-                await tg.start(supervisor.run)
-                try:
+            await background.start(watcher.run)
+            app.state.watcher = watcher
+            try:
+                if not settings.run_worker:
                     yield
-                finally:
-                    supervisor.stop()
+                    return
+                supervisor = Supervisor(
+                    lambda: Worker(
+                        settings, registry, metrics=metrics, store=store, listener=listener
+                    )
+                )
+                app.state.supervisor = supervisor
+                async with anyio.create_task_group() as tg:
+                    await tg.start(supervisor.run)
+                    try:
+                        yield
+                    finally:
+                        supervisor.stop()
+            finally:
+                background.cancel_scope.cancel()
 
     app = FastAPI(
         title="notifyq",
@@ -113,9 +135,34 @@ def create_app(
 
     guard = documented_guard(settings)
     fast.add_routes(app, guard)
+    app.include_router(events.router, dependencies=guard)
     app.include_router(jobs.router, dependencies=guard)
+    app.include_router(workflows.router, dependencies=guard)
     app.include_router(queues.router, dependencies=guard)
     app.include_router(ops.router, dependencies=guard)
     app.include_router(ops.open_router)
     ops.add_dashboard(app)
     return app
+
+
+def _listener(settings: Settings) -> Listener:
+    """The process's LISTEN connection: the event streams' channel, and the worker's."""
+    channels = (JOB_CHANNEL, CHANNEL, CANCEL_CHANNEL) if settings.run_worker else (JOB_CHANNEL,)
+    return Listener(
+        database_url(settings),
+        channels=channels,
+        connect_kwargs=connect_kwargs(settings, "notifyq-listener"),
+    )
+
+
+async def _keep_listening(listener: Listener) -> None:
+    """Runs the listener, and runs it again when its first connection fails: the API serves
+    while the database is away, and its streams and worker fall back to polling meanwhile."""
+    delay = 0.5
+    while True:
+        try:
+            await listener.run()
+        except (DatabaseUnavailable, ConfigurationError) as exc:
+            logger.warning("listener: %s; retrying in %.1fs", exc, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -16,12 +16,15 @@ from notifyq.models import (
     MAX_ATTEMPTS_LIMIT,
     MAX_DEDUP_KEY_LENGTH,
     MAX_DELAY_SECONDS,
+    MAX_DEPENDENCIES,
+    MAX_GROUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
     PRIORITY_RANGE,
     Job,
     JobSpec,
     JobStatus,
 )
+from notifyq.workflows import MAX_WORKFLOW_JOBS, WorkflowStatus
 
 #: Most jobs one POST /jobs/batch takes.
 MAX_BATCH = 10_000
@@ -96,13 +99,35 @@ class JobIn(BaseModel):
         description="While a queued job of the same queue has this key, a new submission "
         "replaces its payload, priority, run_at and max_attempts instead of adding a job.",
     )
+    depends_on: list[UUID] | None = Field(
+        default=None,
+        max_length=MAX_DEPENDENCIES,
+        description="Job ids: the job is 'waiting' until every one of them is completed, then "
+        "queued at once; cancelled if one of them fails or is cancelled. An unknown id is "
+        "refused (422).",
+    )
+    group_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_GROUP_KEY_LENGTH,
+        strict=True,
+        description="Jobs of one (queue, group_key) run one at a time, in the order they were "
+        "submitted, across every worker.",
+    )
 
-    def spec(self, default_task: str) -> JobSpec:
+    def spec(
+        self,
+        default_task: str,
+        *,
+        depends_on: list[UUID] | None = None,
+        workflow_id: UUID | None = None,
+        job_id: UUID | None = None,
+    ) -> JobSpec:
         """The job to store, with the task resolved as the contract says: task, else
         payload.task when it is a string, else the default task. Raises InvalidJob for what
         PostgreSQL would refuse (the API answers it as a 422 located in the body). Done here
         rather than in a model validator: that cost five times the validation of the model
-        itself."""
+        itself. A workflow's job gives its resolved ``depends_on``, its workflow and its id."""
         task = self.task
         if task is None:
             from_payload = self.payload.get("task")
@@ -116,6 +141,10 @@ class JobIn(BaseModel):
             delay=self.delay,
             dedup_key=self.dedup_key,
             max_attempts=self.max_attempts,
+            depends_on=self.depends_on if depends_on is None else depends_on,
+            group_key=self.group_key,
+            workflow_id=workflow_id,
+            id=job_id,
         )
 
 
@@ -123,12 +152,34 @@ class EnqueuedOut(BaseModel):
     """What POST /jobs answers."""
 
     job_id: UUID
-    status: JobStatus = Field(description="queued")
+    status: JobStatus = Field(description="queued, or waiting (for the jobs it depends on)")
     duplicate: bool = Field(
         description="True when a queued job with the same (queue, dedup_key) was replaced."
     )
     run_at: datetime
     created_at: datetime
+
+
+class ProgressOut(BaseModel):
+    """A running job's progress, as its handler last reported it (ctx.progress)."""
+
+    fraction: float | None = Field(description="From 0 to 1, or null.")
+    message: str | None
+
+    @classmethod
+    def of(cls, stored: dict[str, Any] | None) -> ProgressOut | None:
+        """From the stored object; anything else (written by hand) reads as none."""
+        if not isinstance(stored, dict):
+            return None
+        fraction, message = stored.get("fraction"), stored.get("message")
+        ok_fraction = fraction is None or (
+            isinstance(fraction, (int, float))
+            and not isinstance(fraction, bool)
+            and 0 <= fraction <= 1
+        )
+        if not ok_fraction or not (message is None or isinstance(message, str)):
+            return None
+        return cls(fraction=fraction, message=message)
 
 
 class JobOut(BaseModel):
@@ -157,6 +208,12 @@ class JobOut(BaseModel):
     cancel_requested_at: datetime | None = Field(
         description="When a cancel was requested while the job ran."
     )
+    depends_on: list[UUID] = Field(description="The jobs it waits for (empty: none).")
+    group_key: str | None
+    workflow_id: UUID | None
+    progress: ProgressOut | None = Field(
+        description="The handler's last progress report (null: none)."
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -180,7 +237,61 @@ class JobOut(BaseModel):
             worker_id=job.worker_id,
             lease_expires_at=job.lease_expires_at,
             cancel_requested_at=job.cancel_requested_at,
+            depends_on=job.depends_on,
+            group_key=job.group_key,
+            workflow_id=job.workflow_id,
+            progress=ProgressOut.of(job.progress),
         )
+
+
+class WorkflowJobIn(JobIn):
+    """A job of a workflow: a POST /jobs body with a ``ref`` naming it, whose ``depends_on``
+    names refs of the same workflow (or ids of stored jobs)."""
+
+    ref: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, strict=True)
+    depends_on: list[str] | None = Field(  # type: ignore[assignment]
+        default=None,
+        max_length=MAX_DEPENDENCIES,
+        description="Refs of this workflow's jobs, or ids of jobs already stored.",
+    )
+
+
+class WorkflowIn(BaseModel):
+    """Jobs that name each other by ref, created in one transaction."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "jobs": [
+                        {"ref": "fetch", "task": "echo", "payload": {"url": "..."}},
+                        {"ref": "parse", "task": "echo", "payload": {}, "depends_on": ["fetch"]},
+                    ]
+                }
+            ]
+        },
+    )
+
+    jobs: list[WorkflowJobIn] = Field(min_length=1, max_length=MAX_WORKFLOW_JOBS)
+
+
+class WorkflowCreatedOut(BaseModel):
+    """What POST /workflows answers: the workflow's id and each ref's job id."""
+
+    workflow_id: UUID
+    jobs: dict[str, UUID]
+
+
+class WorkflowOut(BaseModel):
+    """A workflow and its jobs, oldest first."""
+
+    workflow_id: UUID
+    status: WorkflowStatus = Field(
+        description="completed when every job is, failed when one failed, cancelled when one "
+        "was cancelled, else running."
+    )
+    jobs: list[JobOut]
 
 
 class BatchIn(BaseModel):
@@ -201,7 +312,8 @@ class QueueOut(BaseModel):
     """A queue's counts and switches."""
 
     queue: str
-    queued: int = Field(description="Waiting, due or not.")
+    waiting: int = Field(description="Waiting for the jobs they depend on.")
+    queued: int = Field(description="Queued, due or not.")
     due: int = Field(description="Queued and due now.")
     processing: int
     completed: int

@@ -127,15 +127,17 @@ def retry(args: RetryArgs, settings: Settings) -> int:
                 return count, []
             refused = []
             for text, job_id in ids:
-                if not await q.store.retry_job(job_id):
-                    job = await q.get(job_id)
-                    refused.append(f"{text} ({'unknown' if job is None else job.status.value})")
+                retried = await q.store.retry_job(job_id)
+                if retried is None:
+                    refused.append(f"{text} (unknown)")
+                elif retried.refused is not None:
+                    refused.append(f"{text} ({retried.refused})")
             return len(ids) - len(refused), refused
 
     count, refused = anyio.run(run)
     print(f"requeued {count} job(s)")
     if refused:
-        raise Failed("not requeued, as they are not failed or cancelled: " + ", ".join(refused))
+        raise Failed("not requeued: " + ", ".join(refused))
     return 0
 
 

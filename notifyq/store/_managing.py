@@ -8,11 +8,12 @@ from uuid import UUID
 
 from psycopg.rows import dict_row, kwargs_row, scalar_row, tuple_row
 
-from notifyq.models import Cancelled, Job, JobStatus
+from notifyq.models import Cancelled, Job, JobStatus, Retried
 from notifyq.store._runner import Runner
 
 _JOB = kwargs_row(Job.of)
 _CANCELLED = kwargs_row(Cancelled.of)
+_RETRIED = kwargs_row(Retried.of)
 
 
 class Managing(Runner):
@@ -28,6 +29,7 @@ class Managing(Runner):
         status: JobStatus | None = None,
         queue: str | None = None,
         task: str | None = None,
+        group_key: str | None = None,
         limit: int = 50,
         after: tuple[datetime, UUID] | None = None,
     ) -> list[Job]:
@@ -37,11 +39,35 @@ class Managing(Runner):
             "status": status.value if status else None,
             "queue": queue,
             "task": task,
+            "group_key": group_key,
             "limit": limit,
             "after_created": after[0] if after else None,
             "after_id": after[1] if after else None,
         }
         return await self._all("list_jobs", params, _JOB, what="listing jobs")
+
+    async def workflow_jobs(self, workflow_id: UUID, *, limit: int = 10_000) -> list[Job]:
+        """The jobs of a workflow, oldest first (none for an unknown id)."""
+        params = {"workflow_id": workflow_id, "limit": limit}
+        return await self._all("workflow_jobs", params, _JOB, what="reading a workflow")
+
+    async def watch(self, watcher: str, job_id: UUID, ttl: float) -> bool:
+        """Asks for the changes of a job to be announced (channel ``notifyq_job``) for ``ttl``
+        seconds, on behalf of ``watcher`` (one per process); once this returns, a read of the
+        job sees every change that was not announced. False: no such job."""
+        params = {"watcher": watcher, "id": job_id, "ttl": ttl}
+        return bool(await self._value("watch_job", params, what="watching a job"))
+
+    async def refresh_watches(self, watcher: str, job_ids: list[UUID], ttl: float) -> None:
+        """Keeps the watches of ``watcher`` on these jobs alive for ``ttl`` more seconds."""
+        params = {"watcher": watcher, "ids": job_ids, "ttl": ttl}
+        await self._execute("refresh_watches", params, what="refreshing watches")
+
+    async def unwatch(self, watcher: str, job_ids: list[UUID]) -> None:
+        """Stops :meth:`watch` of these jobs."""
+        await self._execute(
+            "unwatch_jobs", {"watcher": watcher, "ids": job_ids}, what="unwatching jobs"
+        )
 
     async def ping(self) -> None:
         """Raises DatabaseUnavailable unless the database answers."""
@@ -60,14 +86,16 @@ class Managing(Runner):
         return await self._one("cancel_job", {"id": job_id}, _CANCELLED, what="cancelling a job")
 
     async def delete_job(self, job_id: UUID) -> bool:
-        """Deletes a finished job; False when it is not finished or unknown."""
+        """Deletes a finished job; False when it is not finished or unknown, or while a job
+        that has not started depends on it."""
         deleted = await self._value("delete_job", {"id": job_id}, what="deleting a job")
         return deleted is not None
 
-    async def retry_job(self, job_id: UUID) -> bool:
-        """Requeues one failed or cancelled job; False if it is in another state or unknown."""
-        row = await self._one("retry_job", {"id": job_id}, tuple_row, what="retrying a job")
-        return row is not None
+    async def retry_job(self, job_id: UUID) -> Retried | None:
+        """Requeues one failed or cancelled job (waiting, while jobs it depends on have not
+        finished); the answer says its status now and, if it did not go back, why. None: no
+        such job."""
+        return await self._one("retry_job", {"id": job_id}, _RETRIED, what="retrying a job")
 
     async def retry_jobs(
         self,

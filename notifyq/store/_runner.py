@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+from uuid import UUID
 
 import psycopg
 from psycopg.rows import AsyncRowFactory, scalar_row
@@ -23,6 +24,19 @@ Conn = psycopg.AsyncConnection[Any]
 
 #: Most rows one batch statement writes (see Runner._in_chunks).
 WRITE_CHUNK = 100
+#: Runs of a statement on pooled connections that PostgreSQL rolled back to break a deadlock
+#: (or a serialization failure): it never took effect, so it is run again.
+ROLLBACK_TRIES = 3
+
+
+class Keyed(Protocol):
+    """An item of a batch write: it names the job it is about."""
+
+    @property
+    def job_id(self) -> UUID: ...
+
+
+K = TypeVar("K", bound=Keyed)
 
 
 def fields_row(cls: type[T]) -> AsyncRowFactory[T]:
@@ -112,14 +126,16 @@ class Runner:
     async def _in_chunks(
         self,
         name: str,
-        items: Sequence[T],
-        params_of: Callable[[Sequence[T]], dict[str, Any]],
+        items: Sequence[K],
+        params_of: Callable[[Sequence[K]], dict[str, Any]],
         row: AsyncRowFactory[Row],
         *,
         what: str,
     ) -> list[Row]:
         """Runs a batch statement over ``items`` at most WRITE_CHUNK at a time, so that no
-        statement holds the row locks of a large batch for long."""
+        statement holds the row locks of a large batch for long. Items go in job id order: two
+        statements that lock the same rows lock them in the same order, and cannot deadlock."""
+        items = sorted(items, key=lambda item: item.job_id)
         rows: list[Row] = []
         for start in range(0, len(items), WRITE_CHUNK):
             chunk = items[start : start + WRITE_CHUNK]
@@ -131,7 +147,8 @@ class Runner:
     ) -> R:
         """``on(conn)``, else ``on`` a pooled connection. On a pooled connection that the
         server had closed while it sat idle (a restart, pg_terminate_backend), the statement
-        never ran, so it is run again on another one, up to the size of the pool."""
+        never ran, so it is run again on another one, up to the size of the pool; so is one that
+        PostgreSQL rolled back to break a deadlock, up to ROLLBACK_TRIES times."""
         with translate_errors(what):
             if conn is not None:
                 return await on(conn)
@@ -141,6 +158,10 @@ class Runner:
                 try:
                     async with self._pool.connection() as pooled:
                         return await on(pooled)
+                except psycopg.errors.TransactionRollback:
+                    if attempt < ROLLBACK_TRIES:
+                        continue
+                    raise
                 except psycopg.OperationalError:
                     if attempt < tries and pooled is not None and pooled.broken:
                         continue

@@ -26,8 +26,9 @@ class Submitting(Runner):
     async def enqueue(self, spec: JobSpec, *, conn: Conn | None = None) -> EnqueueResult:
         """Enqueues one job with the duplicate rule; in ``conn``'s transaction when given."""
         params = _spec_params(spec) | {"fallback": self._default_max_attempts}
-        # Without a dedup key or a task to resolve in SQL, a plain INSERT does it.
-        query = "enqueue_plain" if spec.dedup_key is None and spec.task is not None else "enqueue"
+        # Without a dedup key, a task to resolve in SQL, dependencies or a group, a plain INSERT
+        # does it.
+        query = "enqueue_plain" if spec.plain else "enqueue"
         result = await self._one(query, params, _RESULT, what="enqueue", conn=conn)
         assert result is not None, "an enqueue answers a row"
         return result
@@ -83,7 +84,7 @@ class Submitting(Runner):
         run_ats = [s.run_at for s in specs]
         max_attempts = [s.max_attempts for s in specs]
         dedup_keys = [s.dedup_key for s in specs]
-        if dedup_keys.count(None) != len(specs) or None in tasks:
+        if not all(s.plain for s in specs):
             return "enqueue_many", {
                 "tasks": tasks,
                 "payloads": payloads,
@@ -94,6 +95,10 @@ class Submitting(Runner):
                 "dedup_keys": dedup_keys,
                 "max_attempts": max_attempts,
                 "fallback": self._default_max_attempts,
+                "depends_on": _sparse([_array_text(s.depends_on) for s in specs]),
+                "group_keys": _sparse([s.group_key for s in specs]),
+                "workflow_ids": _sparse([s.workflow_id for s in specs]),
+                "ids": _sparse([s.id for s in specs]),
             }
         # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
         # the ids in input order. A column that no job sets goes as one NULL.
@@ -129,6 +134,11 @@ def _many_results(query: str, specs: list[JobSpec], rows: list[Any]) -> list[Enq
     ]
 
 
+def _array_text(ids: tuple[UUID, ...]) -> str | None:
+    """The text of a uuid[] (an array of arrays must be rectangular, an array of texts not)."""
+    return "{" + ",".join(map(str, ids)) + "}" if ids else None
+
+
 def _sparse(values: list[Any]) -> list[Any] | None:
     """``values``, or None when every one is None (one NULL instead of an array of them)."""
     return None if values.count(None) == len(values) else values
@@ -144,4 +154,8 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
         "delay": spec.delay if spec.delay is not None else 0.0,
         "dedup_key": spec.dedup_key,
         "max_attempts": spec.max_attempts,
+        "depends_on": list(spec.depends_on) if spec.depends_on else None,
+        "group_key": spec.group_key,
+        "workflow_id": spec.workflow_id,
+        "id": spec.id,
     }

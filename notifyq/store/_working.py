@@ -1,5 +1,5 @@
-"""The statements a worker runs: claims, outcomes, heartbeats, rescue, its idle mark,
-retention, periodic ticks. Each calls one versioned function of the schema (sql/003, sql/004);
+"""The statements a worker runs: claims, outcomes, progress, heartbeats, rescue, its idle mark,
+retention, periodic ticks. Each calls one versioned function of the schema (sql/003 to 005);
 these methods are what :class:`notifyq.worker.WorkerStore` describes."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from notifyq.models import (
     Failure,
     Held,
     JobStatus,
+    Progress,
     Rescued,
+    Snoozed,
     Success,
     TaskRegistration,
 )
@@ -154,6 +156,41 @@ class Working(Runner):
         )
         return set(rows)
 
+    async def snooze(self, worker_id: str, snoozed: Sequence[Snoozed]) -> set[UUID]:
+        """Puts snoozed jobs back in the queue for later, attempt not counted; answers the ids
+        written."""
+        rows = await self._in_chunks(
+            "snooze_jobs",
+            snoozed,
+            lambda chunk: {
+                "worker_id": worker_id,
+                "ids": [s.job_id for s in chunk],
+                "claims": [s.claim for s in chunk],
+                "delays": [s.delay for s in chunk],
+            },
+            scalar_row,
+            what="snoozing jobs",
+        )
+        return set(rows)
+
+    async def report_progress(self, worker_id: str, reports: Sequence[Progress]) -> set[UUID]:
+        """Records the progress of running jobs; answers the ids written (the others are no
+        longer this worker's)."""
+        rows = await self._in_chunks(
+            "report_progress",
+            reports,
+            lambda chunk: {
+                "worker_id": worker_id,
+                "ids": [p.job_id for p in chunk],
+                "claims": [p.claim for p in chunk],
+                "fractions": [p.fraction for p in chunk],
+                "messages": [p.message for p in chunk],
+            },
+            scalar_row,
+            what="recording progress",
+        )
+        return set(rows)
+
     async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
         """Requeues (or fails, or cancels) up to ``limit`` jobs whose lease ran out or that
         have none."""
@@ -181,7 +218,8 @@ class Working(Runner):
         await self._execute("refresh_waiting", params, what="refreshing the idle mark")
 
     async def prune_waiting(self) -> None:
-        """Deletes the idle marks of workers that stopped refreshing them."""
+        """Deletes the idle marks of workers that stopped refreshing them, and the watches of
+        processes that stopped refreshing theirs."""
         await self._execute("prune_waiting", None, what="pruning idle marks")
 
     async def register_task(self, task: TaskRegistration) -> None:

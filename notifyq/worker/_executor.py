@@ -2,37 +2,48 @@
 
 The executor calls the task's handler with the payload (and a :class:`~notifyq.JobContext`),
 under the task's timeout, and answers what became of it as a value: a
-:class:`~notifyq.models.Success` with the result encoded as JSON, or a
-:class:`~notifyq.models.Failure` saying whether to retry and after how long. A job's own errors
-never leave it as exceptions; cancellation does (the runner that called it decides why)."""
+:class:`~notifyq.models.Success` with the result encoded as JSON, a
+:class:`~notifyq.models.Failure` saying whether to retry and after how long, or a
+:class:`~notifyq.models.Snoozed` when the handler raised :class:`~notifyq.Snooze`. A job's own
+errors never leave it as exceptions; cancellation does (the runner that called it decides
+why)."""
 
 from __future__ import annotations
 
 import logging
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import anyio
 
-from notifyq.context import JobContext
-from notifyq.errors import InvalidJob, PermanentFailure
-from notifyq.models import ClaimedJob, Failure, Success, Undecodable, encode_json
+from notifyq.context import JobContext, ProgressSink
+from notifyq.errors import InvalidJob, PermanentFailure, Snooze
+from notifyq.models import ClaimedJob, Failure, Snoozed, Success, Undecodable, encode_json
 from notifyq.retry import Backoff
 from notifyq.tasks import Task
 from notifyq.worker._telemetry import Telemetry
 
-__all__ = ["MAX_ERROR_LENGTH", "Executor", "describe_failure"]
+__all__ = ["MAX_ERROR_LENGTH", "Executor", "Outcome", "describe_failure"]
+
+#: What an attempt comes to.
+Outcome = Success | Failure | Snoozed
 
 logger = logging.getLogger("notifyq.worker")
 
 #: Longest error text kept for an attempt.
 MAX_ERROR_LENGTH = 4000
 
+_NO_DEPENDENCIES: Mapping[str, Any] = MappingProxyType({})
+
 
 class Executor:
     """Runs attempts for one worker: ``backoff`` is the retry policy of tasks that set none;
-    ``limiter`` bounds the threads of plain-function handlers."""
+    ``limiter`` bounds the threads of plain-function handlers; ``progress`` gives each
+    attempt's context the place its progress reports go."""
 
     def __init__(
         self,
@@ -41,23 +52,30 @@ class Executor:
         backoff: Backoff,
         limiter: anyio.CapacityLimiter,
         telemetry: Telemetry,
+        progress: Callable[[ClaimedJob], ProgressSink] | None = None,
     ) -> None:
         self._worker_id = worker_id
         self._backoff = backoff
         self._limiter = limiter
         self._telemetry = telemetry
+        self._progress = progress
 
-    async def attempt(self, job: ClaimedJob, task: Task) -> Success | Failure:
+    async def attempt(self, job: ClaimedJob, task: Task) -> Outcome:
         """Runs the handler once and answers its outcome."""
         started = time.monotonic()
         outcome = await self._attempt(job, task, started)
         self._telemetry.ran(job, outcome.seconds)
         return outcome
 
-    async def _attempt(self, job: ClaimedJob, task: Task, started: float) -> Success | Failure:
+    async def _attempt(self, job: ClaimedJob, task: Task, started: float) -> Outcome:
         if isinstance(job.payload, Undecodable):
             # Stored by SQL, unreadable: this job can never run. Fail it at once, and only it.
             reason = f"the job's payload cannot be used: {job.payload.reason}"
+            return self._failure(job, task, reason, started, retryable=False)
+        if isinstance(job.dependencies, Undecodable):
+            reason = (
+                f"the results of the jobs it depends on cannot be used: {job.dependencies.reason}"
+            )
             return self._failure(job, task, reason, started, retryable=False)
         context = JobContext(
             job.id,
@@ -67,6 +85,8 @@ class Executor:
             job.max_attempts,
             job.priority,
             self._worker_id,
+            _NO_DEPENDENCIES if job.dependencies is None else MappingProxyType(job.dependencies),
+            None if self._progress is None else self._progress(job),
         )
         timed_out = False
         try:
@@ -76,6 +96,8 @@ class Executor:
                 with anyio.move_on_after(task.timeout) as deadline:
                     result = await task.run(job.payload, self._limiter, context)
                 timed_out = deadline.cancelled_caught
+        except Snooze as snooze:
+            return Snoozed(job.id, job.claim, snooze.seconds, time.monotonic() - started)
         except PermanentFailure as exc:
             return self._failure(job, task, describe_failure(exc), started, retryable=False)
         except Exception as exc:

@@ -7,8 +7,7 @@ import asyncio
 import anyio
 from anyio.abc import TaskStatus
 
-from notifyq.models import Failure, Success
-from notifyq.worker._executor import Executor
+from notifyq.worker._executor import Executor, Outcome
 from notifyq.worker._ledger import CancelReason, Entry, Ledger
 from notifyq.worker._writer import OutcomeWriter
 
@@ -59,7 +58,7 @@ class Runners:
                     await self._run(entry, scope)
 
     async def _run(self, entry: Entry, scope: anyio.CancelScope) -> None:
-        outcome: Success | Failure | None = None
+        outcome: Outcome | None = None
         try:
             if self._ledger.begin(entry, scope):  # else cancelled before it started
                 outcome = await self._executor.attempt(entry.job, entry.task)

@@ -22,6 +22,9 @@ class WorkerStats:
     lost: int = 0
     rescued: int = 0
     cancelled: int = 0
+    snoozed: int = 0
+    #: Statements that recorded progress reports (each for every job that reported).
+    progress_writes: int = 0
     claims: int = 0
     empty_claims: int = 0
 

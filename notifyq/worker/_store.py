@@ -15,7 +15,9 @@ from notifyq.models import (
     Failure,
     Held,
     JobStatus,
+    Progress,
     Rescued,
+    Snoozed,
     Success,
     TaskRegistration,
 )
@@ -76,6 +78,10 @@ class WorkerStore(Protocol):
     async def release(self, worker_id: str, held: Iterable[Held]) -> set[UUID]: ...
 
     async def cancel_running(self, worker_id: str, held: Iterable[Held]) -> set[UUID]: ...
+
+    async def snooze(self, worker_id: str, snoozed: Sequence[Snoozed]) -> set[UUID]: ...
+
+    async def report_progress(self, worker_id: str, reports: Sequence[Progress]) -> set[UUID]: ...
 
     async def beat(
         self, worker_id: str, held: Iterable[Held], running: Container[UUID], lease: float

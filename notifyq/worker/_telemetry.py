@@ -46,9 +46,14 @@ class Telemetry:
         logger.warning("job %s: outcome discarded, this worker no longer holds its lease", job_id)
 
     def recorded(
-        self, job: ClaimedJob, kind: OutcomeKind, status: JobStatus | None, seconds: float
+        self,
+        job: ClaimedJob,
+        kind: OutcomeKind,
+        status: JobStatus | None,
+        seconds: float,
+        delay: float | None = None,
     ) -> None:
-        """An outcome is in the database: the job's log line."""
+        """An outcome is in the database: the job's log line (``delay``: a snooze's)."""
         event = _event(kind, status)
         if event == "released":
             return
@@ -56,13 +61,14 @@ class Telemetry:
         if logger.isEnabledFor(level):
             logger.log(
                 level,
-                "job %s %s (task %s, attempt %d/%d, %.1f ms)",
+                "job %s %s (task %s, attempt %d/%d, %.1f ms)%s",
                 job.id,
                 event,
                 job.task,
                 job.attempt,
                 job.max_attempts,
                 seconds * 1000,
+                f"; runs again in {delay:g}s, attempt not counted" if delay is not None else "",
                 extra={
                     "job_id": str(job.id),
                     "task": job.task,
@@ -84,6 +90,7 @@ class MeteredTelemetry(Telemetry):
             "failed": metrics.failed,
             "retried": metrics.retried,
             "cancelled": metrics.cancelled,
+            "snoozed": metrics.snoozed,
         }
 
     def started(self, job: ClaimedJob) -> None:
@@ -111,12 +118,17 @@ class MeteredTelemetry(Telemetry):
         super().discarded(job_id)
 
     def recorded(
-        self, job: ClaimedJob, kind: OutcomeKind, status: JobStatus | None, seconds: float
+        self,
+        job: ClaimedJob,
+        kind: OutcomeKind,
+        status: JobStatus | None,
+        seconds: float,
+        delay: float | None = None,
     ) -> None:
         counter = self._counters.get(_event(kind, status))
         if counter is not None:
             counter.labels(job.queue, job.task).inc()
-        super().recorded(job, kind, status, seconds)
+        super().recorded(job, kind, status, seconds, delay)
 
 
 def telemetry(metrics: Metrics | None) -> Telemetry:

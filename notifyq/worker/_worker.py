@@ -35,6 +35,7 @@ from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
 from notifyq.worker._maintenance import DepthReport, Retention
 from notifyq.worker._periodic import PeriodicEnqueuer
 from notifyq.worker._producer import IdleMark, Producer
+from notifyq.worker._progress import ProgressWriter
 from notifyq.worker._rescuer import Rescuer
 from notifyq.worker._runners import Runners
 from notifyq.worker._stats import Signals, WorkerStats
@@ -141,7 +142,10 @@ class Worker:
                 store, ledger, self._telemetry, worker_id=self.id, stats=self.stats,
                 signals=self.signals,
             )  # fmt: skip
-            runners = Runners(ledger, self._executor(), writer, concurrency=settings.concurrency)
+            progress = ProgressWriter(store, worker_id=self.id, stats=self.stats)
+            runners = Runners(
+                ledger, self._executor(progress), writer, concurrency=settings.concurrency
+            )
             producer = self._producer(store, ledger, runners, idle, limits_exist)
             listener, own_listener = self._listener()
             unsubscribe = self._subscribe(listener, ledger, idle)
@@ -150,6 +154,7 @@ class Worker:
                     if own_listener:
                         await services.start(listener.run)  # live before the first claim
                     async with writer.open():
+                        await services.start(progress.run)
                         for service in self._upkeep(store, ledger, idle):
                             await services.start(service)
                         try:
@@ -220,13 +225,14 @@ class Worker:
             return CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
         return None
 
-    def _executor(self) -> Executor:
+    def _executor(self, progress: ProgressWriter) -> Executor:
         s = self.settings
         return Executor(
             worker_id=self.id,
             backoff=Backoff(s.retry_base, s.retry_factor, s.retry_cap),
             limiter=anyio.CapacityLimiter(s.concurrency),
             telemetry=self._telemetry,
+            progress=progress.sink,
         )
 
     def _producer(

@@ -23,7 +23,7 @@ from uuid import UUID
 import anyio
 
 from notifyq.errors import DatabaseError, DatabaseUnavailable
-from notifyq.models import Failure, Held, JobStatus, OutcomeKind, Success
+from notifyq.models import Failure, Held, JobStatus, OutcomeKind, Snoozed, Success
 from notifyq.worker._ledger import Ledger, WakeReason
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 #: How long the final writes of a stopping worker may take.
 FINAL_WRITE_TIMEOUT = 10.0
 
-Item = TypeVar("Item", Success, Failure, Held)
+Item = TypeVar("Item", Success, Failure, Snoozed, Held)
 Written = TypeVar("Written", set[UUID], dict[UUID, JobStatus])
 
 
@@ -63,6 +63,7 @@ class OutcomeWriter:
         self._final_timeout = final_timeout
         self._done: list[Success] = []
         self._failed: list[Failure] = []
+        self._snoozed: list[Snoozed] = []
         self._released: list[Held] = []
         self._cancelled: list[Held] = []
         self._lock = anyio.Lock()
@@ -70,12 +71,14 @@ class OutcomeWriter:
 
     # -- what runners hand over ------------------------------------------------------------
 
-    def record(self, outcome: Success | Failure) -> None:
+    def record(self, outcome: Success | Failure | Snoozed) -> None:
         """A finished attempt, to be written."""
         if isinstance(outcome, Success):
             self._done.append(outcome)
-        else:
+        elif isinstance(outcome, Failure):
             self._failed.append(outcome)
+        else:
+            self._snoozed.append(outcome)
         self._pending.set()
 
     def release(self, held: Held) -> None:
@@ -89,7 +92,9 @@ class OutcomeWriter:
         self._pending.set()
 
     def __bool__(self) -> bool:
-        return bool(self._done or self._failed or self._released or self._cancelled)
+        return bool(
+            self._done or self._failed or self._snoozed or self._released or self._cancelled
+        )
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -133,6 +138,8 @@ class OutcomeWriter:
                 await self._write_completions()
             if self._failed:
                 await self._write_failures()
+            if self._snoozed:
+                await self._write_snoozes()
             if self._cancelled:
                 batch = list(self._cancelled)
                 stopped = await self._write(self._store.cancel_running, batch, set())
@@ -160,6 +167,16 @@ class OutcomeWriter:
             for s in batch
             if s.job_id in refused
         )
+
+    async def _write_snoozes(self) -> None:
+        batch = list(self._snoozed)
+        snoozed = await self._write(self._store.snooze, batch, set())
+        del self._snoozed[: len(batch)]
+        self._let_go(batch, snoozed, OutcomeKind.SNOOZED)
+        self._stats.snoozed += len(snoozed)
+        if snoozed:
+            # Its run_at may be sooner than the time the producer sleeps until.
+            self._ledger.wake.signal(WakeReason.OTHER)
 
     async def _write_failures(self) -> None:
         batch = list(self._failed)
@@ -200,7 +217,7 @@ class OutcomeWriter:
 
     def _let_go(
         self,
-        batch: Sequence[Success | Failure | Held],
+        batch: Sequence[Success | Failure | Snoozed | Held],
         written: set[UUID] | dict[UUID, JobStatus],
         kind: OutcomeKind,
     ) -> None:
@@ -212,12 +229,14 @@ class OutcomeWriter:
                 self._telemetry.discarded(item.job_id)
             elif entry is not None:
                 status = written.get(item.job_id) if isinstance(written, dict) else None
-                seconds = item.seconds if isinstance(item, (Success, Failure)) else 0.0
-                self._telemetry.recorded(entry.job, kind, status, seconds)
+                seconds = item.seconds if not isinstance(item, Held) else 0.0
+                delay = item.delay if isinstance(item, Snoozed) else None
+                self._telemetry.recorded(entry.job, kind, status, seconds, delay)
 
     async def _final_writes(self) -> None:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
         pending = {s.job_id for s in self._done} | {f.job_id for f in self._failed}
+        pending |= {s.job_id for s in self._snoozed}
         pending |= {h.job_id for h in (*self._released, *self._cancelled)}
         for held in self._ledger.held():
             if held.job_id not in pending:

@@ -24,7 +24,7 @@ from notifyq.api.schemas import (
     RetryableStatus,
 )
 from notifyq.errors import InvalidJob
-from notifyq.models import MAX_NAME_LENGTH, Job, JobStatus
+from notifyq.models import MAX_GROUP_KEY_LENGTH, MAX_NAME_LENGTH, Job, JobStatus
 
 router = APIRouter()
 
@@ -49,6 +49,9 @@ async def list_jobs(
     task: Annotated[
         str | None, Query(max_length=MAX_NAME_LENGTH, description="Only this task.")
     ] = None,
+    group_key: Annotated[
+        str | None, Query(max_length=MAX_GROUP_KEY_LENGTH, description="Only this group.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Jobs per page.")] = 50,
     cursor: Annotated[str | None, Query(description="next_cursor of the page before.")] = None,
     include: Annotated[
@@ -63,7 +66,7 @@ async def list_jobs(
     omitted = frozenset(LIST_DATA_FIELDS) - _included(include)
     after = _decode_cursor(cursor) if cursor else None
     jobs = await store.list_jobs(
-        status=status_, queue=queue, task=task, limit=limit + 1, after=after
+        status=status_, queue=queue, task=task, group_key=group_key, limit=limit + 1, after=after
     )
     page, more = jobs[:limit], len(jobs) > limit
     cursor_json = f'"{_encode_cursor(page[-1])}"' if more else "null"  # base64: no escapes
@@ -78,24 +81,22 @@ async def list_jobs(
     response_model=JobOut,
     responses={
         **NOT_FOUND,
-        409: {"model": ErrorOut, "description": "The job is not failed or cancelled."},
+        409: {
+            "model": ErrorOut,
+            "description": "Not requeued: the job is not failed or cancelled, a newer one with "
+            "its dedup_key replaces it, or a job it depends on failed.",
+        },
     },
     summary="Requeue a failed or cancelled job",
 )
 async def retry_job(job_id: UUID, store: StoreDep) -> JobOut | JSONResponse:
     retried = await store.retry_job(job_id)
     job = await store.get_job(job_id)
-    if job is None:
+    if retried is None or job is None:
         return not_found(job_id)
-    if not retried:
-        if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-            reason = (
-                f"a newer job with the same queue and dedup_key {job.dedup_key!r} is "
-                "queued and replaces it"
-            )
-        else:
-            reason = f"it is {job.status.value}; only failed or cancelled jobs go back"
-        return JSONResponse({"detail": f"job {job_id} not requeued: {reason}"}, status_code=409)
+    if retried.refused is not None:
+        detail = f"job {job_id} not requeued: {retried.refused}"
+        return JSONResponse({"detail": detail}, status_code=409)
     return JobOut.of(job)
 
 
