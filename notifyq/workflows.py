@@ -18,6 +18,7 @@ A job's handler reads the results of the jobs it depends on from ``ctx.dependenc
 
 from __future__ import annotations
 
+import abc
 import heapq
 import itertools
 import uuid
@@ -243,19 +244,19 @@ def workflow_status(jobs: Sequence[Job]) -> WorkflowStatus:
 # -- builders: chain, group, chord ---------------------------------------------------------
 
 
-class Part:
+class Part(abc.ABC):
     """A part of a workflow being built (a :class:`Step` or a :class:`Workflow`): its steps,
     the steps it starts with (heads) and ends with (tails), and the dependencies between its
     steps."""
 
-    def _parts(self) -> list[Step]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _parts(self) -> list[Step]: ...
 
-    def _heads(self) -> list[Step]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _heads(self) -> list[Step]: ...
 
-    def _tails(self) -> list[Step]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _tails(self) -> list[Step]: ...
 
     def _edges(self) -> list[tuple[Step, Step]]:
         return []
