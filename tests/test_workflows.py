@@ -587,3 +587,56 @@ async def test_chain_group_and_chord_build_the_graph(settings: Settings, conn: A
     with pytest.raises(InvalidJob, match="twice"):
         same = step("add")
         chain(same, same).jobs()
+
+
+# -- through HTTP --------------------------------------------------------------------------
+
+
+async def test_http_workflow_dependencies_and_groups(settings: Settings, conn: Any) -> None:
+    from tests.test_api import serving
+
+    async with serving(settings.model_copy(update={"run_worker": True})) as client:
+        created = await client.post(
+            "/workflows",
+            json={
+                "jobs": [
+                    {"ref": "a", "task": "echo", "payload": {"n": 1}, "group_key": "g"},
+                    {"ref": "b", "task": "echo", "payload": {"n": 2}, "depends_on": ["a"]},
+                ]
+            },
+        )
+        assert created.status_code == 201, created.text
+        body = created.json()
+        workflow = f"/workflows/{body['workflow_id']}"
+
+        async def finished() -> dict[str, Any] | None:
+            answer = (await client.get(workflow)).json()
+            return answer if answer["status"] != "running" else None
+
+        done = await wait_until(finished, timeout=10)
+        assert done["status"] == "completed"
+        jobs = {job["job_id"]: job for job in done["jobs"]}
+        child = jobs[body["jobs"]["b"]]
+        assert child["depends_on"] == [body["jobs"]["a"]] and child["progress"] is None
+        assert jobs[body["jobs"]["a"]]["group_key"] == "g"
+        assert child["workflow_id"] == body["workflow_id"]
+        refused = [
+            {"jobs": [{"ref": "a", "payload": {}, "depends_on": ["b"]},
+                      {"ref": "b", "payload": {}, "depends_on": ["a"]}]},
+            {"jobs": [{"ref": "a", "payload": {}}, {"ref": "a", "payload": {}}]},
+            {"jobs": [{"ref": "a", "payload": {}, "depends_on": ["nope"]}]},
+            {"jobs": [{"ref": "a", "payload": {}, "depends_on": [str(UUID(int=5))]}]},
+            {"jobs": []},
+        ]  # fmt: skip
+        before = await count_by_status(conn)
+        for bad in refused:
+            answer = await client.post("/workflows", json=bad)
+            assert answer.status_code == 422, (bad, answer.text)
+        unknown = await client.post("/jobs", json={"payload": {}, "depends_on": [str(UUID(int=5))]})
+        assert unknown.status_code == 422 and str(UUID(int=5)) in unknown.text
+        assert await count_by_status(conn) == before
+        assert (await client.get(f"/workflows/{UUID(int=5)}")).status_code == 404
+        events = await client.get(f"/jobs/{body['jobs']['b']}/events")
+        assert events.headers["content-type"].startswith("text/event-stream")
+        assert events.text.startswith("event: job\ndata: {") and '"completed"' in events.text
+        assert (await client.get(f"/jobs/{UUID(int=5)}/events")).status_code == 404
