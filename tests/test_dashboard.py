@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import re
 import socket
 import threading
 import time
@@ -31,6 +33,7 @@ from pydantic import SecretStr
 
 from notifyq.api import application as api_module
 from notifyq.api import create_app
+from notifyq.context import JobContext
 from notifyq.settings import Settings
 from notifyq.tasks import Registry
 from tests.helpers import ROOT, registry
@@ -169,6 +172,42 @@ def flaky_tasks() -> Registry:
         return {"ok": True, "attempt": attempt}
 
     return registry(flaky=flaky)
+
+
+#: What the test tells a ``step`` job: report this progress, or (None) return.
+Command = tuple[float | None, str | None] | None
+
+
+def stepper_tasks() -> tuple[Registry, queue.Queue[Command]]:
+    """The built-ins plus ``step``, whose job runs until the test says so, reporting the
+    progress the test sends meanwhile; and the queue of those commands."""
+    commands: queue.Queue[Command] = queue.Queue()
+
+    def step(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        while True:
+            # Bounded: a test that fails before releasing the job does not hold the worker.
+            command = commands.get(timeout=60)
+            if command is None:
+                return {"stepped": True}
+            ctx.progress(*command)
+
+    return registry(step=step), commands
+
+
+def listed_job(page: Any, job_id: str) -> Any:
+    return page.locator(f'#jobs-body tr[data-job-id="{job_id}"]')
+
+
+def node(page: Any, job_id: str) -> Any:
+    return page.locator(f'#wf-canvas .wf-node[data-job-id="{job_id}"]')
+
+
+def edges(page: Any) -> set[tuple[str, str]]:
+    drawn = page.evaluate(
+        """() => [...document.querySelectorAll("#wf-canvas .wf-edge")]
+            .map((e) => [e.dataset.from, e.dataset.to])"""
+    )
+    return {(parent, child) for parent, child in drawn}
 
 
 # -- the scenarios --------------------------------------------------------------------------
@@ -323,9 +362,15 @@ def test_dashboard_asks_for_the_token(settings: Settings, page: Any, monkeypatch
         page.reload()
         expect(queue_cell(page, "mail", "queued")).to_have_attribute("data-value", "1")
         expect(page.locator("#auth")).to_be_hidden()
-        # Forgetting it asks again.
+        # The detail follows the (queued) job through its event stream, which needs the token
+        # as a header (EventSource could not send one).
+        job_rows(page).first.click()
+        expect(page.locator("#detail")).to_have_attribute("data-stream", "live")
+        expect(page.locator("#detail-status")).to_have_attribute("data-value", "queued")
+        # Forgetting it asks again (and closes the stream).
         page.get_by_role("button", name="Forget token").click()
         expect(page.get_by_role("heading", name="API token required")).to_be_visible()
+        expect(page.locator("#detail")).not_to_have_attribute("data-stream", "live")
 
 
 def test_dashboard_shows_a_banner_while_the_database_is_away(
@@ -358,3 +403,129 @@ def test_dashboard_shows_a_banner_while_the_database_is_away(
                 admin.execute(allow)
         expect(banner).to_be_hidden()
         expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+
+
+#: The workflow of the next test: b runs until the test ends it; c and e wait for it.
+GROUP = "tenant <b>7</b>"  # user data: shown verbatim, never as markup
+WORKFLOW = [
+    {"ref": "a", "task": "echo", "payload": {"ref": "a"}},
+    {"ref": "b", "task": "step", "payload": {"ref": "b"}, "depends_on": ["a"]},
+    {"ref": "c", "task": "echo", "payload": {"ref": "c"}, "depends_on": ["b"]},
+    {"ref": "d", "task": "echo", "payload": {"ref": "d"}, "depends_on": ["a"], "group_key": GROUP},
+    {"ref": "e", "task": "echo", "payload": {"ref": "e"}, "depends_on": ["b", "d"]},
+]  # fmt: skip
+EDGES = [("a", "b"), ("b", "c"), ("a", "d"), ("b", "e"), ("d", "e")]
+LAYERS = {"a": "0", "b": "1", "c": "2", "d": "1", "e": "2"}
+
+
+def test_dashboard_shows_waiting_groups_progress_and_a_live_workflow(
+    settings: Settings, page: Any, monkeypatch: Any
+) -> None:
+    tasks, commands = stepper_tasks()
+    app = dashboard_app(settings.model_copy(update={"concurrency": 4}), monkeypatch, tasks)
+    with serve(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        try:
+            created = client.post("/workflows", json={"jobs": WORKFLOW})
+            assert created.status_code == 201, created.text
+            workflow_id, ids = created.json()["workflow_id"], created.json()["jobs"]
+            page.goto(f"{base}/dashboard")
+            list_shows_waiting_jobs_and_group_keys(page, ids)
+            progress_follows_in_the_list_and_live_in_the_detail(page, ids, commands)
+            page.locator("#detail").get_by_role(
+                "button", name=f"Show workflow {workflow_id[:8]}"
+            ).click()
+            expect(page).to_have_url(re.compile(f"#workflow={workflow_id}"))
+            workflow_view_shows_the_graph_live(page, ids, commands)
+            expect(page).to_have_url(re.compile(f"workflow={workflow_id}&job={ids['c']}"))
+
+            # The view is addressable: a reload shows the same workflow and job.
+            page.reload()
+            expect(node(page, ids["e"])).to_have_attribute("data-status", "completed")
+            expect(node(page, ids["c"])).to_have_class(re.compile(r"\bselected\b"))
+            expect(page.locator("#detail-status")).to_have_attribute("data-value", "cancelled")
+            expect(page.locator("#jobs-card")).to_be_hidden()
+            page.get_by_role("button", name="Back to jobs").click()
+            expect(page.locator("#workflow")).to_be_hidden()
+            expect(job_rows(page)).to_have_count(5)
+        finally:
+            for _ in range(3):
+                commands.put(None)  # whatever the step job waits for, it ends
+            page.goto("about:blank")  # no stream left open while the server stops
+
+
+def list_shows_waiting_jobs_and_group_keys(page: Any, ids: dict[str, str]) -> None:
+    """a and d ran, b runs, c and e wait: counted, filtered and listed as waiting; d's group
+    key is shown, and lists its group."""
+    expect(queue_cell(page, "default", "processing")).to_have_attribute("data-value", "1")
+    expect(queue_cell(page, "default", "waiting")).to_have_attribute("data-value", "2")
+    expect(page.locator('#tiles [data-tile="waiting"]')).to_have_attribute("data-value", "2")
+    page.get_by_label("Status", exact=True).select_option("waiting")
+    expect(job_rows(page)).to_have_count(2)
+    for ref in "ce":
+        status = listed_job(page, ids[ref]).locator('[data-col="status"]')
+        expect(status).to_have_attribute("data-value", "waiting")
+    page.get_by_role("button", name="Clear").click()
+
+    group_cell = listed_job(page, ids["d"]).locator('[data-col="group"]')
+    expect(group_cell).to_have_text(GROUP)
+    group_cell.get_by_role("button").click()
+    expect(page.get_by_label("Group", exact=True)).to_have_value(GROUP)
+    expect(job_rows(page)).to_have_count(1)
+    expect(listed_job(page, ids["d"])).to_be_visible()
+    page.get_by_role("button", name="Clear").click()
+
+
+def progress_follows_in_the_list_and_live_in_the_detail(
+    page: Any, ids: dict[str, str], commands: queue.Queue[Command]
+) -> None:
+    commands.put((0.25, "a quarter"))
+    expect(listed_job(page, ids["b"]).locator("progress")).to_have_attribute("value", "0.25")
+    listed_job(page, ids["b"]).click()
+    detail = page.locator("#detail")
+    expect(detail).to_have_attribute("data-stream", "live")
+    expect(detail.locator("progress")).to_have_attribute("value", "0.25")
+    commands.put((0.5, "half way"))
+    expect(detail.locator("progress")).to_have_attribute("value", "0.5")
+    expect(detail.locator(".progress-text")).to_have_text("50 % · half way")
+
+
+def workflow_view_shows_the_graph_live(
+    page: Any, ids: dict[str, str], commands: queue.Queue[Command]
+) -> None:
+    """Every job with its status and layer, the edges; the running node's bar; a cancel made
+    here and a completion made elsewhere, both shown without a reload."""
+    expect(page.locator("#workflow")).to_be_visible()
+    expect(page.locator("#wf-status")).to_have_attribute("data-value", "running")
+    expect(page.locator("#wf-canvas .wf-node")).to_have_count(5)
+    statuses = {"a": "completed", "b": "processing", "c": "waiting", "d": "completed"}
+    for ref, layer in LAYERS.items():
+        expect(node(page, ids[ref])).to_have_attribute("data-status", statuses.get(ref, "waiting"))
+        expect(node(page, ids[ref])).to_have_attribute("data-layer", layer)
+    assert edges(page) == {(ids[parent], ids[child]) for parent, child in EDGES}
+    into_b = page.locator(f'#wf-canvas .wf-edge[data-to="{ids["b"]}"]')
+    expect(into_b).to_have_attribute("data-state", "done")
+
+    # The running node's bar follows ctx.progress; with only a message, it is indeterminate.
+    bar = node(page, ids["b"]).locator("progress")
+    expect(bar).to_have_attribute("value", "0.5")
+    commands.put((0.75, None))
+    expect(bar).to_have_attribute("value", "0.75")
+    commands.put((None, "thinking"))
+    expect(node(page, ids["b"]).locator("progress:indeterminate")).to_have_count(1)
+    expect(node(page, ids["b"])).to_have_attribute("aria-label", re.compile("thinking"))
+
+    # A node opens its job; cancelling it (it waits) shows at once, and the workflow is
+    # cancelled while its other branch still runs.
+    node(page, ids["c"]).click()
+    expect(page.locator("#detail-status")).to_have_attribute("data-value", "waiting")
+    page.locator("#detail").get_by_role("button", name="Cancel job").click()
+    expect(node(page, ids["c"])).to_have_attribute("data-status", "cancelled")
+    expect(page.locator("#wf-status")).to_have_attribute("data-value", "cancelled")
+
+    # A change made elsewhere shows up live: b ends, so e runs; then the polling stops.
+    commands.put(None)
+    expect(node(page, ids["b"])).to_have_attribute("data-status", "completed")
+    expect(node(page, ids["b"]).locator("progress")).to_have_count(0)
+    expect(node(page, ids["e"])).to_have_attribute("data-status", "completed")
+    expect(page.locator("#workflow")).to_have_attribute("data-live", "")
+    assert page.locator("#wf-canvas b, #jobs-body b").count() == 0

@@ -1,8 +1,10 @@
 // notifyq dashboard: plain JavaScript, no dependencies, no build step.
 //
-// It short-polls the HTTP API (GET /queues, GET /jobs, GET /jobs/{id}) and draws what it gets.
-// Every value from the API reaches the page through text nodes or attribute values, never as
-// HTML, so payloads, errors and names are shown verbatim and cannot inject markup.
+// It short-polls the HTTP API (GET /queues, GET /jobs, GET /jobs/{id}, GET /workflows/{id}) and
+// draws what it gets; the job in the detail pane is followed through its event stream
+// (GET /jobs/{id}/events) while it runs. Every value from the API reaches the page through text
+// nodes or attribute values, never as HTML, so payloads, errors and names are shown verbatim and
+// cannot inject markup.
 "use strict";
 
 (() => {
@@ -14,7 +16,11 @@
   const MAX_LIVE_ROWS = 500; // GET /jobs answers at most 500 a page
   const TASKS_EVERY = 20; // polls between refreshes of the task names
   const TOKEN_KEY = "notifyq.apiToken";
-  const STATUSES = ["queued", "processing", "completed", "failed", "cancelled"];
+  const STATUSES = ["waiting", "queued", "processing", "completed", "failed", "cancelled"];
+  const FINAL = new Set(["completed", "failed", "cancelled"]);
+  const WORKFLOW_POLL_MS = 1000;
+  const STREAM_RETRY_MS = 10000; // after a stream that broke off (not one that ended)
+  const STREAM_MAX_BUFFER = 16 * 1024 * 1024; // one event's text; a job's data is bounded
   const REFUSED_PROPS = /^(on|style$|innerhtml$|outerhtml$|srcdoc$|href$|src$|action$|formaction$)/i;
 
   const $ = (id) => document.getElementById(id);
@@ -36,6 +42,16 @@
     for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  /** An SVG element; attrs are attribute values only (names are this script's own). */
+  function svg(tag, attrs) {
+    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (REFUSED_PROPS.test(key)) throw new Error(`svg(): refusing to set ${key}`);
+      el.setAttribute(key, String(value));
     }
     return el;
   }
@@ -91,8 +107,43 @@
   const shortId = (id) => String(id).slice(0, 8);
 
   function badge(status) {
-    const known = STATUSES.includes(status) || status === "paused" || status === "active";
+    const known = STATUSES.includes(status) || ["paused", "active", "running"].includes(status);
     return h("span", { class: `badge badge-${known ? status : "other"}`, text: status });
+  }
+
+  /** The progress worth a bar: a running job's report with a fraction or at least a message. */
+  function barProgress(job) {
+    const p = job && job.status === "processing" ? job.progress : null;
+    if (!p || (p.fraction === null && !p.message)) return null;
+    return p;
+  }
+
+  function fmtProgress(p) {
+    const parts = [];
+    if (p.fraction !== null && p.fraction !== undefined) parts.push(`${Math.round(p.fraction * 100)} %`);
+    if (p.message) parts.push(p.message);
+    return parts.join(" · ");
+  }
+
+  /** A <progress>: determinate with a fraction, indeterminate (no value) with only a message. */
+  function progressBar(p, cls) {
+    const bar = h("progress", { class: `bar ${cls || ""}`.trim(), max: "1" });
+    updateBar(bar, p);
+    return bar;
+  }
+
+  function updateBar(bar, p) {
+    const fraction = p.fraction === null || p.fraction === undefined ? "" : String(p.fraction);
+    if (bar.dataset.fraction !== fraction) {
+      if (fraction === "") bar.removeAttribute("value");
+      else bar.setAttribute("value", fraction);
+      bar.dataset.fraction = fraction;
+    }
+    const text = fmtProgress(p);
+    if (bar.title !== text) {
+      bar.title = text;
+      bar.setAttribute("aria-label", `Progress: ${text}`);
+    }
   }
 
   function json(value) {
@@ -185,7 +236,7 @@
     lastOk: null, // Date.now() of the last complete poll
     queues: [],
     samples: [], // {t, completed|null, lastMinute, failedLastMinute}
-    filters: { status: "", queue: "", task: "" },
+    filters: { status: "", queue: "", task: "", group: "" },
     jobs: [],
     nextCursor: null,
     listGen: 0, // bumps on every filter change; stale answers are dropped
@@ -194,7 +245,11 @@
     selectedJob: null,
     selectedMissing: false,
     detailJson: null,
+    stream: null, // {id, controller, live}: the selected job's event stream, while it runs
+    streamRetryAt: 0,
     bulkRetry: false,
+    wf: null, // the open workflow view: {id, data, missing, timer, busy, done, layoutKey, nodes}
+    zoom: 1,
   };
 
   // -- polling -----------------------------------------------------------------------------
@@ -208,7 +263,12 @@
     clearTimeout(state.timer);
     if (state.authNeeded) return;
     state.ticks += 1;
-    const work = [refreshQueues(), refreshJobs(), refreshDetail()];
+    const work = [refreshQueues()];
+    if (!state.wf) work.push(refreshJobs()); // the list is hidden behind the workflow view
+    // A live stream pushes the detail's changes; without one, the detail is polled.
+    if (streaming()) renderDetail();
+    else work.push(refreshDetail());
+    resumeWorkflow();
     if (state.ticks % TASKS_EVERY === 1) work.push(refreshTasks());
     const results = await Promise.allSettled(work);
     const errors = results.filter((r) => r.status === "rejected").map((r) => r.reason);
@@ -257,6 +317,11 @@
   function needToken(err) {
     state.authNeeded = true;
     clearTimeout(state.timer);
+    stopStream();
+    if (state.wf) {
+      clearTimeout(state.wf.timer);
+      state.wf.timer = null;
+    }
     const had = getToken();
     $("app").hidden = true;
     $("banner").hidden = true;
@@ -277,7 +342,7 @@
 
   // -- queues ------------------------------------------------------------------------------
 
-  const QUEUE_COLS = ["queued", "due", "processing", "completed", "failed", "cancelled", "completed_last_minute", "oldest_due_seconds"];
+  const QUEUE_COLS = ["waiting", "queued", "due", "processing", "completed", "failed", "cancelled", "completed_last_minute", "oldest_due_seconds"];
 
   async function refreshQueues() {
     const sent = performance.now();
@@ -336,6 +401,7 @@
   function updateQueueRow(tr, q) {
     const cell = (col) => tr.querySelector(`[data-col="${col}"]`);
     for (const col of ["queued", "due", "processing", "cancelled"]) updateCount(cell(col), q[col]);
+    updateCount(cell("waiting"), q.waiting ?? 0); // an older API has no waiting count
     updateCount(cell("completed"), q.completed, { estimated: q.completed_estimated });
     updateCount(cell("failed"), q.failed, { failedQueue: tr.dataset.queue });
     const last = cell("completed_last_minute");
@@ -376,11 +442,11 @@
   }
 
   function renderQueueTotals(rows) {
-    const sum = (k) => rows.reduce((a, q) => a + q[k], 0);
+    const sum = (k) => rows.reduce((a, q) => a + (q[k] ?? 0), 0);
     const waits = rows.map((q) => q.oldest_due_seconds).filter((s) => s !== null);
     const oldest = waits.length ? Math.max(...waits) : null;
     const tile = (name) => document.querySelector(`#tiles [data-tile="${name}"]`);
-    for (const name of ["due", "processing", "completed_last_minute", "failed"]) {
+    for (const name of ["waiting", "due", "processing", "completed_last_minute", "failed"]) {
       const n = sum(name);
       setText(tile(name), fmtInt(n), n);
     }
@@ -581,7 +647,7 @@
   // detail pane reads the whole job (result, errors) from GET /jobs/{id}.
   function filterParams() {
     const f = state.filters;
-    return { status: f.status, queue: f.queue, task: f.task, include: "payload" };
+    return { status: f.status, queue: f.queue, task: f.task, group_key: f.group, include: "payload" };
   }
 
   async function refreshJobs() {
@@ -641,6 +707,7 @@
       h("td", { data: { col: "status" } }),
       h("td", { class: "cell-task", data: { col: "task" } }),
       h("td", { class: "cell-queue", data: { col: "queue" } }),
+      h("td", { class: "cell-group", data: { col: "group" } }),
       h("td", { class: "num", data: { col: "attempts" } }),
       h("td", { data: { col: "created" } }),
       h("td", { class: "payload", data: { col: "payload" } }),
@@ -649,8 +716,32 @@
     return tr;
   }
 
+  /** A group key as a tag; clicking it lists that group's jobs. */
+  function groupTag(key) {
+    const tag = h("button", {
+      type: "button",
+      class: "tag",
+      text: key,
+      title: `Group ${key}: list its jobs`,
+      "aria-label": `Show the jobs of group ${key}`,
+      data: { groupKey: key },
+    });
+    tag.addEventListener("click", (event) => {
+      event.stopPropagation();
+      if (state.wf) closeWorkflow();
+      setFilters({ group: key });
+    });
+    return tag;
+  }
+
+  function statusCell(td, job) {
+    const p = barProgress(job);
+    td.replaceChildren(h("span", { class: "status-cell" }, badge(job.status), p ? progressBar(p, "bar-row") : null));
+    td.dataset.value = job.status;
+  }
+
   function updateJobRow(tr, job) {
-    const key = json([job.status, job.attempt_count, job.max_attempts, job.task, job.queue]);
+    const key = json([job.status, job.attempt_count, job.max_attempts, job.task, job.queue, job.group_key, job.progress]);
     const cell = (col) => tr.querySelector(`[data-col="${col}"]`);
     if (tr.dataset.key !== key) {
       tr.dataset.key = key;
@@ -658,8 +749,10 @@
       setText(open, shortId(job.job_id));
       open.setAttribute("aria-label", `Open job ${shortId(job.job_id)} (${job.task}, ${job.status})`);
       open.title = job.job_id;
-      cell("status").replaceChildren(badge(job.status));
-      cell("status").dataset.value = job.status;
+      statusCell(cell("status"), job);
+      const group = cell("group");
+      group.replaceChildren(job.group_key === null || job.group_key === undefined ? "" : groupTag(job.group_key));
+      group.dataset.value = job.group_key ?? "";
       setText(cell("task"), job.task);
       cell("task").title = job.task;
       setText(cell("queue"), job.queue);
@@ -704,6 +797,7 @@
     $("f-status").value = state.filters.status;
     $("f-queue").value = state.filters.queue;
     $("f-task").value = state.filters.task;
+    $("f-group").value = state.filters.group;
     state.listGen += 1;
     state.jobs = [];
     state.nextCursor = null;
@@ -718,9 +812,10 @@
       status: $("f-status").value,
       queue: $("f-queue").value.trim(),
       task: $("f-task").value.trim(),
+      group: $("f-group").value,
     };
     const f = state.filters;
-    if (next.status !== f.status || next.queue !== f.queue || next.task !== f.task) setFilters(next);
+    if (Object.keys(next).some((k) => next[k] !== f[k])) setFilters(next);
   }
 
   // -- requeue all failed (when the API has POST /jobs/retry) ------------------------------
@@ -728,7 +823,9 @@
   function updateRequeueButton() {
     const button = $("requeue-all");
     const status = state.filters.status;
-    const fits = state.bulkRetry && (status === "failed" || status === "cancelled");
+    // POST /jobs/retry knows no group key: with one in the filter, it would requeue more than
+    // the list shows.
+    const fits = state.bulkRetry && (status === "failed" || status === "cancelled") && !state.filters.group;
     button.hidden = !fits;
     if (!fits) return;
     const scope = [state.filters.queue && `queue ${state.filters.queue}`, state.filters.task && `task ${state.filters.task}`].filter(Boolean);
@@ -768,52 +865,113 @@
     }
   }
 
+  // -- where the page is: the URL's hash ---------------------------------------------------
+  //
+  // #job=<id> opens a job's detail, #workflow=<id> the workflow view, and both can be there
+  // (#workflow=<id>&job=<id>). Selecting a job replaces the history entry; opening or leaving a
+  // workflow adds one, so the browser's Back goes from a workflow back to the list.
+
+  function readHash() {
+    const params = new URLSearchParams(location.hash.replace(/^#/, ""));
+    return { job: params.get("job") || null, workflow: params.get("workflow") || null };
+  }
+
+  function writeHash(push) {
+    const params = new URLSearchParams();
+    if (state.wf) params.set("workflow", state.wf.id);
+    if (state.selectedId) params.set("job", state.selectedId);
+    const hash = params.toString();
+    const url = hash ? `#${hash}` : location.pathname + location.search;
+    try {
+      if (push) history.pushState(null, "", url);
+      else history.replaceState(null, "", url);
+    } catch {
+      /* file:// and the like */
+    }
+  }
+
+  /** Shows what the hash names (on load, Back and Forward, or an edited address). */
+  function applyHash() {
+    const want = readHash();
+    if (want.workflow !== (state.wf ? state.wf.id : null)) {
+      if (want.workflow) showWorkflow(want.workflow);
+      else hideWorkflow();
+    }
+    if (want.job !== state.selectedId) {
+      if (want.job) selectJob(want.job);
+      else unselectJob();
+    }
+  }
+
   // -- job detail --------------------------------------------------------------------------
 
   function openJob(id) {
+    selectJob(id);
+    writeHash(false);
+  }
+
+  function closeJob() {
+    unselectJob();
+    writeHash(false);
+  }
+
+  function selectJob(id) {
+    stopStream();
     state.selectedId = id;
     state.selectedMissing = false;
     state.selectedJob = null; // a listed job lacks its result and errors: "Loading…" until read
     state.detailJson = null;
-    try {
-      history.replaceState(null, "", `#job=${segment(id)}`);
-    } catch {
-      /* file:// and the like */
-    }
+    state.streamRetryAt = 0;
     renderDetail();
     renderJobs();
+    markWorkflowSelection();
     refreshDetail().catch((err) => trouble([err]));
   }
 
-  function closeJob() {
+  function unselectJob() {
+    stopStream();
     state.selectedId = null;
     state.selectedJob = null;
     state.detailJson = null;
-    try {
-      history.replaceState(null, "", location.pathname + location.search);
-    } catch {
-      /* ignore */
-    }
     renderDetail();
     renderJobs();
+    markWorkflowSelection();
   }
 
   async function refreshDetail() {
     const id = state.selectedId;
     if (!id) return;
+    let job;
     try {
-      const job = await api("GET", `jobs/${segment(id)}`);
-      if (state.selectedId !== id) return;
-      state.selectedJob = job;
-      state.selectedMissing = false;
+      job = await api("GET", `jobs/${segment(id)}`);
     } catch (err) {
       if (state.selectedId !== id) return;
       if (err.status === 404 || err.status === 422) {
         state.selectedJob = null;
         state.selectedMissing = true;
-      } else throw err;
+        renderDetail();
+        return;
+      }
+      throw err;
     }
+    // A stream that went live meanwhile has told something at least as new.
+    if (state.selectedId !== id || streaming()) return;
+    if (job.job_id !== id) {
+      // The address named it otherwise (upper case, no dashes): from now on, as the API does.
+      state.selectedId = job.job_id;
+      writeHash(false);
+    }
+    showJob(job);
+  }
+
+  /** Shows a fresh read of the selected job (polled or pushed) and follows it while it runs. */
+  function showJob(job) {
+    if (job.job_id !== state.selectedId) return;
+    state.selectedJob = job;
+    state.selectedMissing = false;
     renderDetail();
+    updateWorkflowJob(job);
+    followSelected();
   }
 
   function field(name, value) {
@@ -824,6 +982,24 @@
     return field(name, iso ? [h("time", { datetime: iso, text: fmtTime(iso) }), h("span", { class: "ago", data: { ago: iso }, text: fmtAgo(iso) })] : h("span", { class: "muted", text: "—" }));
   }
 
+  const MAX_LISTED_PARENTS = 20;
+
+  function parentsField(ids) {
+    const shown = ids.slice(0, MAX_LISTED_PARENTS).map((id) => {
+      const button = h("button", { type: "button", class: "linkish", text: shortId(id), title: id, "aria-label": `Open job ${shortId(id)}, a dependency` });
+      button.addEventListener("click", () => openJob(id));
+      return button;
+    });
+    const more = ids.length - shown.length;
+    return field("Depends on", h("span", { class: "id-list" }, shown, more > 0 ? h("span", { class: "muted", text: `and ${fmtInt(more)} more` }) : null));
+  }
+
+  function workflowField(id) {
+    const button = h("button", { type: "button", class: "linkish", text: `Show workflow ${shortId(id)}`, title: id, data: { workflowId: id } });
+    button.addEventListener("click", () => openWorkflow(id));
+    return field("Workflow", button);
+  }
+
   function renderDetail() {
     const job = state.selectedJob;
     const open = state.selectedId !== null;
@@ -831,7 +1007,7 @@
     $("detail-body").hidden = !open;
     $("btn-close").hidden = !open;
     $("btn-retry").hidden = !job || !(job.status === "failed" || job.status === "cancelled");
-    $("btn-cancel").hidden = !job || !(job.status === "queued" || job.status === "processing");
+    $("btn-cancel").hidden = !job || FINAL.has(job.status);
     const status = $("detail-status");
     if (!open) {
       setText($("detail-title"), "Job detail");
@@ -848,9 +1024,12 @@
       state.detailJson = null;
       return;
     }
-    const snapshot = json(job);
+    // Progress changes often: it is updated in place, the rest is rebuilt only when it changed
+    // (so a selection in the payload survives a progress report).
+    const snapshot = json({ ...job, progress: null });
     if (snapshot === state.detailJson) {
       for (const span of $("detail-body").querySelectorAll("[data-ago]")) setText(span, fmtAgo(span.dataset.ago));
+      updateDetailProgress(job);
       return;
     }
     state.detailJson = snapshot;
@@ -858,7 +1037,11 @@
     $("detail-title").title = job.task;
     status.replaceChildren(badge(job.status));
     status.dataset.value = job.status;
+    $("detail-body").replaceChildren(...detailParts(job).flat().filter(Boolean));
+    updateDetailProgress(job);
+  }
 
+  function detailParts(job) {
     const errors = Array.isArray(job.errors) ? job.errors : [];
     const errorList = errors.length
       ? h(
@@ -884,12 +1067,17 @@
         : h("p", { class: "muted", text: "No failed attempt." });
 
     const hasResult = job.result !== null && job.result !== undefined;
-    const parts = [
+    const parents = Array.isArray(job.depends_on) ? job.depends_on : [];
+    const hasGroup = job.group_key !== null && job.group_key !== undefined;
+    return [
       h("div", { class: "job-id", text: job.job_id }),
       h(
         "dl",
         { class: "fields" },
         field("Queue", job.queue),
+        hasGroup ? field("Group", groupTag(job.group_key)) : null,
+        job.workflow_id ? workflowField(job.workflow_id) : null,
+        parents.length ? parentsField(parents) : null,
         field("Priority", String(job.priority)),
         field("Attempts", `${job.attempt_count} of ${job.max_attempts}`),
         job.dedup_key !== null ? field("Dedup key", h("span", { class: "mono", text: job.dedup_key })) : null,
@@ -901,13 +1089,35 @@
         job.status === "processing" ? timeField("Lease expires", job.lease_expires_at) : null,
         job.cancel_requested_at ? timeField("Cancel asked", job.cancel_requested_at) : null,
       ),
+      h("div", { class: "progress-box", data: { part: "progress" } }),
       h("h3", { text: "Payload" }),
       h("pre", { class: "json payload", text: json(job.payload) }),
       hasResult || job.status === "completed" ? [h("h3", { text: "Result" }), h("pre", { class: "json result", text: json(job.result) })] : null,
       h("h3", { text: `Errors (${errors.length})` }),
       h("div", { class: "errors-box" }, errorList),
     ];
-    $("detail-body").replaceChildren(...parts.flat().filter(Boolean));
+  }
+
+  /** The detail's progress: a bar while the job runs, the last report's text once it ended. */
+  function updateDetailProgress(job) {
+    const box = $("detail-body").querySelector('[data-part="progress"]');
+    if (!box) return;
+    const p = job.progress;
+    const known = p && (p.fraction !== null || p.message);
+    box.hidden = !known;
+    if (!known) {
+      box.replaceChildren();
+      return;
+    }
+    const running = barProgress(job);
+    let bar = box.querySelector("progress");
+    let text = box.querySelector(".progress-text");
+    if (!text || Boolean(bar) !== Boolean(running)) {
+      bar = running ? progressBar(p, "bar-detail") : null;
+      text = h("div", { class: "progress-text" });
+      box.replaceChildren(h("h3", { text: "Progress" }), bar, text);
+    } else if (bar) updateBar(bar, p);
+    setText(text, running ? fmtProgress(p) : `Last reported: ${fmtProgress(p)}`);
   }
 
   async function jobAction(kind) {
@@ -917,17 +1127,458 @@
     button.disabled = true;
     try {
       const job = await api("POST", `jobs/${segment(id)}/${kind}`);
-      if (state.selectedId === id && job && job.job_id) {
-        state.selectedJob = job;
-        renderDetail();
-      }
+      if (state.selectedId === id && job && job.job_id) showJob(job);
       toast(kind === "retry" ? `Job ${shortId(id)} requeued.` : `Job ${shortId(id)}: cancel ${job && job.status === "processing" ? "requested" : "done"}.`);
+      kickWorkflow(); // its other jobs may follow (cancelled dependents, a rerun branch)
       tick();
     } catch (err) {
       actionFailed(err, `Could not ${kind} job ${shortId(id)}`);
       refreshDetail().catch(() => {});
     } finally {
       button.disabled = false;
+    }
+  }
+
+  // -- the selected job's event stream -----------------------------------------------------
+  //
+  // GET /jobs/{id}/events pushes the job at once and on every change of status or progress,
+  // and ends after a final status. EventSource cannot send the Authorization header that the
+  // token needs, so the stream is read with fetch() and parsed here (event:/data: lines, an
+  // event ending at a blank line). While it is live the detail is not polled; once it ended,
+  // the poll takes over again. One that broke off (the network, the database, a 503 when the
+  // API serves too many streams) is tried again after STREAM_RETRY_MS, the poll serving
+  // meanwhile.
+
+  function streaming() {
+    return Boolean(state.stream && state.stream.live && state.stream.id === state.selectedId);
+  }
+
+  function stopStream() {
+    if (!state.stream) return;
+    state.stream.controller.abort();
+    state.stream = null;
+    $("detail").dataset.stream = "";
+  }
+
+  function followSelected() {
+    const job = state.selectedJob;
+    if (!job || job.job_id !== state.selectedId || FINAL.has(job.status) || state.authNeeded) return;
+    if (state.stream && state.stream.id === job.job_id) return;
+    if (Date.now() < state.streamRetryAt) return;
+    stopStream();
+    const stream = { id: job.job_id, controller: new AbortController(), live: false };
+    state.stream = stream;
+    runStream(stream);
+  }
+
+  async function runStream(stream) {
+    let ended = false;
+    try {
+      const headers = { Accept: "text/event-stream" };
+      const token = getToken();
+      if (token) headers.Authorization = `Bearer ${token}`;
+      const url = new URL(`jobs/${segment(stream.id)}/events`, API_BASE);
+      const { signal } = stream.controller;
+      const response = await fetch(url, { headers, cache: "no-store", credentials: "omit", signal });
+      if (!response.ok || !response.body || state.stream !== stream) return;
+      stream.live = true;
+      $("detail").dataset.stream = "live";
+      await readEvents(response.body, (event, data) => {
+        if (state.stream !== stream || event !== "job") return; // "error": the stream ends
+        const job = JSON.parse(data);
+        if (FINAL.has(job.status)) ended = true;
+        showJob(job);
+      });
+    } catch {
+      /* aborted, or the connection broke: the poll serves */
+    } finally {
+      if (state.stream === stream) {
+        state.stream = null;
+        $("detail").dataset.stream = "";
+        if (!ended) state.streamRetryAt = Date.now() + STREAM_RETRY_MS;
+      }
+    }
+  }
+
+  /** Reads server-sent events from a byte stream, calling onEvent(name, data) for each. */
+  async function readEvents(body, onEvent) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    let carry = ""; // a chunk's last "\r" may be the first half of a "\r\n"
+    let scanned = 0;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      let text = carry + value;
+      carry = text.endsWith("\r") ? "\r" : "";
+      if (carry) text = text.slice(0, -1);
+      buffer += text.replace(/\r\n?/g, "\n");
+      if (buffer.length > STREAM_MAX_BUFFER) throw new Error("an event too large");
+      let end;
+      while ((end = buffer.indexOf("\n\n", scanned)) >= 0) {
+        emitEvent(buffer.slice(0, end), onEvent);
+        buffer = buffer.slice(end + 2);
+        scanned = 0;
+      }
+      scanned = Math.max(0, buffer.length - 1);
+    }
+  }
+
+  function emitEvent(block, onEvent) {
+    let name = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (!line || line.startsWith(":")) continue; // a comment: the keep-alive
+      const colon = line.indexOf(":");
+      const key = colon < 0 ? line : line.slice(0, colon);
+      let value = colon < 0 ? "" : line.slice(colon + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+      if (key === "event") name = value;
+      else if (key === "data") data.push(value);
+    }
+    if (data.length) onEvent(name, data.join("\n"));
+  }
+
+  // -- workflow view -----------------------------------------------------------------------
+  //
+  // GET /workflows/{id} is polled every second while any of its jobs has not ended (its overall
+  // status may be failed or cancelled while another branch still runs), then no more until an
+  // action here (retry, cancel) or the selected job's stream says one moved again. A stream per
+  // job would not scale to a workflow's thousand jobs; one poll reads them all.
+  //
+  // Layout: a job's layer is its depth (the longest chain of dependencies above it); layers are
+  // columns from left to right. Each column is ordered by where the jobs' parents (then
+  // children) sit, a few sweeps each way, which keeps chains straight and crossings few; then a
+  // job is placed level with the mean of its parents, or below the job above it.
+
+  const NODE_W = 176;
+  const NODE_H = 50;
+  const GAP_X = 56;
+  const GAP_Y = 12;
+  const PAD = 16;
+  const SWEEPS = 4;
+  const ZOOMS = [1, 0.75, 0.5, 0.35, 0.2]; // a few hundred jobs fit in view at the small ones
+
+  function openWorkflow(id) {
+    showWorkflow(id);
+    writeHash(true);
+  }
+
+  function closeWorkflow() {
+    hideWorkflow();
+    writeHash(true);
+  }
+
+  function showWorkflow(id) {
+    if (state.wf && state.wf.id === id) return;
+    if (state.wf) clearTimeout(state.wf.timer); // another workflow: replaced in place
+    state.wf = { id, data: null, missing: false, error: null, timer: null, busy: false, again: false, done: false, layoutKey: null, nodes: new Map(), edges: [] };
+    $("jobs-card").hidden = true;
+    $("workflow").hidden = false;
+    renderWorkflow();
+    kickWorkflow();
+  }
+
+  function hideWorkflow() {
+    if (!state.wf) return;
+    clearTimeout(state.wf.timer);
+    state.wf = null;
+    $("workflow").hidden = true;
+    $("wf-canvas").replaceChildren();
+    applyZoom(); // no workflow: an empty sizer
+    $("jobs-card").hidden = false;
+    if (!state.authNeeded) refreshJobs().catch((err) => trouble([err]));
+  }
+
+  /** Reads the workflow now (after an action, or to start). */
+  function kickWorkflow() {
+    const wf = state.wf;
+    if (!wf) return;
+    clearTimeout(wf.timer);
+    wf.timer = null;
+    wf.done = false;
+    refreshWorkflow(wf);
+  }
+
+  /** From the page's poll: picks the workflow's poll up again after a token was entered. */
+  function resumeWorkflow() {
+    const wf = state.wf;
+    if (wf && !wf.timer && !wf.busy && !wf.done) refreshWorkflow(wf);
+  }
+
+  async function refreshWorkflow(wf) {
+    if (state.authNeeded || state.wf !== wf) return;
+    if (wf.busy) {
+      wf.again = true; // an answer on its way may predate what asked for this one
+      return;
+    }
+    wf.busy = true;
+    wf.again = false;
+    let delay = document.hidden ? HIDDEN_POLL_MS : WORKFLOW_POLL_MS;
+    try {
+      const data = await api("GET", `workflows/${segment(wf.id)}`);
+      if (state.wf !== wf) return;
+      if (data.workflow_id !== wf.id) {
+        wf.id = data.workflow_id; // as the API spells it (the address may not)
+        writeHash(false);
+      }
+      wf.data = data;
+      wf.missing = false;
+      wf.error = null;
+      wf.done = data.jobs.every((job) => FINAL.has(job.status));
+    } catch (err) {
+      if (state.wf !== wf) return;
+      if (err.status === 404 || err.status === 422) {
+        wf.data = null;
+        wf.missing = true;
+        wf.done = true;
+      } else if (err.status === 401 || err.status === 403) {
+        needToken(err);
+      } else {
+        wf.error = err.detail || err.message;
+        if (err.status === 503 || err.status === 0) trouble([err]);
+        delay = Math.max(delay, POLL_MS);
+      }
+    } finally {
+      wf.busy = false;
+    }
+    if (state.wf !== wf || state.authNeeded) return;
+    renderWorkflow();
+    if (wf.again) refreshWorkflow(wf);
+    else if (!wf.done) {
+      wf.timer = setTimeout(() => {
+        wf.timer = null;
+        refreshWorkflow(wf);
+      }, delay);
+    }
+  }
+
+  /** A job read elsewhere (the detail's stream, an action) updates its node at once. */
+  function updateWorkflowJob(job) {
+    const wf = state.wf;
+    if (!wf || !wf.data || job.workflow_id !== wf.id) return;
+    const i = wf.data.jobs.findIndex((j) => j.job_id === job.job_id);
+    if (i < 0) return;
+    wf.data.jobs[i] = job;
+    if (wf.done && !FINAL.has(job.status)) kickWorkflow(); // it runs again: so does the poll
+    else renderWorkflow();
+  }
+
+  function renderWorkflow() {
+    const wf = state.wf;
+    if (!wf) return;
+    const card = $("workflow");
+    setText($("wf-title"), `Workflow ${shortId(wf.id)}`);
+    setText($("wf-id"), wf.id);
+    const message = $("wf-message");
+    const status = $("wf-status");
+    const data = wf.data;
+    card.dataset.live = wf.done ? "" : "1";
+    if (!data) {
+      status.replaceChildren();
+      status.dataset.value = "";
+      setText($("wf-summary"), "");
+      $("wf-canvas").replaceChildren();
+      wf.nodes = new Map();
+      wf.edges = [];
+      wf.layoutKey = null;
+      wf.size = null;
+      applyZoom();
+      message.hidden = false;
+      message.textContent = wf.missing
+        ? `No workflow ${wf.id} (its jobs were deleted, or it never existed).`
+        : wf.error
+          ? `Could not read workflow ${wf.id}: ${wf.error}`
+          : "Loading…";
+      return;
+    }
+    message.hidden = !wf.error;
+    message.textContent = wf.error ? `Could not refresh: ${wf.error}. Showing the last answer.` : "";
+    if (status.dataset.value !== data.status) {
+      status.replaceChildren(badge(data.status));
+      status.dataset.value = data.status;
+    }
+    setText($("wf-summary"), workflowSummary(data.jobs));
+    const layoutKey = data.jobs.map((j) => `${j.job_id}<${j.depends_on.join(",")}`).join(";");
+    if (layoutKey !== wf.layoutKey) {
+      buildGraph(wf, data.jobs);
+      wf.layoutKey = layoutKey;
+    }
+    const byId = new Map(data.jobs.map((job) => [job.job_id, job]));
+    for (const job of data.jobs) updateNode(wf.nodes.get(job.job_id), job);
+    for (const edge of wf.edges) {
+      const parent = byId.get(edge.dataset.from);
+      const edgeState = !parent ? "" : parent.status === "completed" ? "done" : parent.status === "failed" || parent.status === "cancelled" ? "broken" : "";
+      if (edge.dataset.state !== edgeState) edge.dataset.state = edgeState;
+    }
+    markWorkflowSelection();
+  }
+
+  function workflowSummary(jobs) {
+    const counts = new Map();
+    for (const job of jobs) counts.set(job.status, (counts.get(job.status) || 0) + 1);
+    const parts = [...counts.keys()]
+      .sort((a, b) => STATUSES.indexOf(a) - STATUSES.indexOf(b))
+      .map((s) => `${fmtInt(counts.get(s))} ${s}`);
+    return `${fmtInt(jobs.length)} job${jobs.length === 1 ? "" : "s"}: ${parts.join(" · ")}`;
+  }
+
+  /** Layers (depth), order within each layer and positions of a workflow's jobs. */
+  function layoutGraph(jobs) {
+    const index = new Map(jobs.map((job, i) => [job.job_id, i]));
+    const parents = jobs.map((job) => [...new Set(job.depends_on)].filter((id) => index.has(id)).map((id) => index.get(id)));
+    const outside = jobs.map((job, i) => new Set(job.depends_on).size - parents[i].length);
+    const children = jobs.map(() => []);
+    parents.forEach((ps, i) => ps.forEach((p) => children[p].push(i)));
+
+    // Depth in topological order (the API refuses cycles; a job in one would stay in layer 0).
+    const layer = jobs.map(() => 0);
+    const pending = parents.map((ps) => ps.length);
+    const ready = [];
+    pending.forEach((n, i) => n === 0 && ready.push(i));
+    for (let k = 0; k < ready.length; k++) {
+      for (const c of children[ready[k]]) {
+        layer[c] = Math.max(layer[c], layer[ready[k]] + 1);
+        if (--pending[c] === 0) ready.push(c);
+      }
+    }
+    const depth = layer.reduce((a, l) => Math.max(a, l), 0);
+    const columns = Array.from({ length: depth + 1 }, () => []);
+    layer.forEach((l, i) => columns[l].push(i)); // first the API's order: oldest first
+
+    const rank = jobs.map(() => 0);
+    const setRanks = (column) => column.forEach((i, r) => (rank[i] = r));
+    columns.forEach(setRanks);
+    const mean = (ids, fallback) => (ids.length ? ids.reduce((a, i) => a + rank[i], 0) / ids.length : fallback);
+    for (let sweep = 0; sweep < SWEEPS; sweep++) {
+      const down = sweep % 2 === 0;
+      const order = down ? columns.slice(1) : columns.slice(0, -1).reverse();
+      for (const column of order) {
+        const key = new Map(column.map((i) => [i, mean(down ? parents[i] : children[i], rank[i])]));
+        column.sort((a, b) => key.get(a) - key.get(b) || rank[a] - rank[b]);
+        setRanks(column);
+      }
+    }
+
+    const step = NODE_H + GAP_Y;
+    const y = jobs.map(() => 0);
+    for (const column of columns) {
+      let next = 0;
+      for (const i of column) {
+        const ps = parents[i];
+        const level = ps.length ? ps.reduce((a, p) => a + y[p], 0) / ps.length : next;
+        y[i] = Math.round(Math.max(next, level));
+        next = y[i] + step;
+      }
+    }
+    const x = layer.map((l) => PAD + l * (NODE_W + GAP_X));
+    const top = y.map((v) => PAD + v);
+    const width = PAD * 2 + (depth + 1) * NODE_W + depth * GAP_X;
+    const height = PAD * 2 + y.reduce((a, v) => Math.max(a, v), 0) + NODE_H;
+    return { layer, parents, outside, x, y: top, width, height };
+  }
+
+  function buildGraph(wf, jobs) {
+    const g = layoutGraph(jobs);
+    const canvas = $("wf-canvas");
+    canvas.style.width = `${g.width}px`;
+    canvas.style.height = `${g.height}px`;
+    wf.size = { width: g.width, height: g.height };
+    applyZoom();
+    const edges = svg("svg", { class: "wf-edges", width: g.width, height: g.height, viewBox: `0 0 ${g.width} ${g.height}`, "aria-hidden": "true" });
+    const marker = svg("marker", { id: "wf-arrow", viewBox: "0 0 8 8", refX: "8", refY: "4", markerWidth: "7", markerHeight: "7", orient: "auto" });
+    marker.append(svg("path", { d: "M0,0 L8,4 L0,8 z", class: "wf-arrow" }));
+    const defs = svg("defs");
+    defs.append(marker);
+    edges.append(defs);
+    wf.edges = [];
+    jobs.forEach((job, i) => {
+      for (const p of g.parents[i]) {
+        const x1 = g.x[p] + NODE_W;
+        const y1 = g.y[p] + NODE_H / 2;
+        const x2 = g.x[i] - 2;
+        const y2 = g.y[i] + NODE_H / 2;
+        const bend = Math.max(GAP_X / 2, (x2 - x1) / 2);
+        const path = svg("path", {
+          class: "wf-edge",
+          d: `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`,
+          "marker-end": "url(#wf-arrow)",
+          "data-from": jobs[p].job_id,
+          "data-to": job.job_id,
+        });
+        edges.append(path);
+        wf.edges.push(path);
+      }
+    });
+    wf.nodes = new Map();
+    const nodes = jobs.map((job, i) => {
+      const node = makeNode(job, g.layer[i], g.outside[i]);
+      node.style.left = `${g.x[i]}px`;
+      node.style.top = `${g.y[i]}px`;
+      wf.nodes.set(job.job_id, node);
+      return node;
+    });
+    canvas.replaceChildren(edges, ...nodes);
+  }
+
+  function makeNode(job, layer, outside) {
+    const node = h(
+      "button",
+      { type: "button", class: "wf-node", data: { jobId: job.job_id, layer, outside } },
+      h("span", { class: "wf-task" }),
+      h("span", { class: "wf-meta" }, h("span", { class: "wf-status" }), " · ", h("span", { class: "wf-id", text: shortId(job.job_id) })),
+    );
+    node.addEventListener("click", () => openJob(job.job_id));
+    return node;
+  }
+
+  function updateNode(node, job) {
+    if (!node) return;
+    const key = json([job.status, job.task, job.progress, job.group_key]);
+    if (node.dataset.key === key) return;
+    node.dataset.key = key;
+    node.dataset.status = job.status;
+    setText(node.querySelector(".wf-task"), job.task);
+    setText(node.querySelector(".wf-status"), job.status);
+    const p = barProgress(job);
+    const bar = node.querySelector("progress");
+    if (p && bar) updateBar(bar, p);
+    else if (p) node.append(progressBar(p, "bar-node"));
+    else if (bar) bar.remove();
+    const outside = Number(node.dataset.outside);
+    const label = [
+      `Job ${job.task} ${shortId(job.job_id)}`,
+      job.status,
+      p ? `progress ${fmtProgress(p)}` : null,
+      job.group_key !== null && job.group_key !== undefined ? `group ${job.group_key}` : null,
+      outside ? `also waits for ${outside} job${outside === 1 ? "" : "s"} outside this workflow` : null,
+    ].filter(Boolean);
+    node.setAttribute("aria-label", label.join(", "));
+    node.title = `${job.task}\n${job.job_id}\n${label.slice(1).join("\n")}`;
+  }
+
+  /** Scales the graph (a CSS transform; set through the CSSOM, which the CSP allows). */
+  function applyZoom(change) {
+    const at = ZOOMS.indexOf(state.zoom);
+    if (change) state.zoom = ZOOMS[Math.min(ZOOMS.length - 1, Math.max(0, at - change))];
+    const z = state.zoom;
+    const size = state.wf && state.wf.size ? state.wf.size : { width: 0, height: 0 };
+    $("wf-canvas").style.transform = z === 1 ? "" : `scale(${z})`;
+    $("wf-sizer").style.width = `${Math.ceil(size.width * z)}px`;
+    $("wf-sizer").style.height = `${Math.ceil(size.height * z)}px`;
+    setText($("wf-zoom"), `${Math.round(z * 100)} %`, z);
+    $("wf-zoom-in").disabled = z === ZOOMS[0];
+    $("wf-zoom-out").disabled = z === ZOOMS[ZOOMS.length - 1];
+  }
+
+  function markWorkflowSelection() {
+    if (!state.wf) return;
+    for (const [id, node] of state.wf.nodes) {
+      const selected = id === state.selectedId;
+      if (node.classList.contains("selected") === selected) continue;
+      node.classList.toggle("selected", selected);
+      if (selected) node.setAttribute("aria-current", "true");
+      else node.removeAttribute("aria-current");
     }
   }
 
@@ -960,6 +1611,7 @@
       tick();
     });
     $("forget-token").addEventListener("click", () => {
+      stopStream();
       setToken(null);
       state.ticks = 0;
       tick();
@@ -969,7 +1621,7 @@
       readFilters();
     });
     $("f-status").addEventListener("change", readFilters);
-    for (const id of ["f-queue", "f-task"]) {
+    for (const id of ["f-queue", "f-task", "f-group"]) {
       let timer = null;
       $(id).addEventListener("change", readFilters);
       $(id).addEventListener("input", () => {
@@ -977,29 +1629,29 @@
         timer = setTimeout(readFilters, 400);
       });
     }
-    $("f-clear").addEventListener("click", () => setFilters({ status: "", queue: "", task: "" }));
+    $("f-clear").addEventListener("click", () => setFilters({ status: "", queue: "", task: "", group: "" }));
     $("load-more").addEventListener("click", loadMore);
     $("requeue-all").addEventListener("click", requeueAll);
     $("btn-retry").addEventListener("click", () => jobAction("retry"));
     $("btn-cancel").addEventListener("click", () => jobAction("cancel"));
     $("btn-close").addEventListener("click", closeJob);
+    $("wf-back").addEventListener("click", closeWorkflow);
+    $("wf-zoom-in").addEventListener("click", () => applyZoom(1));
+    $("wf-zoom-out").addEventListener("click", () => applyZoom(-1));
+    window.addEventListener("popstate", applyHash);
+    window.addEventListener("hashchange", applyHash);
     document.addEventListener("keydown", (event) => {
       const typing = event.target instanceof HTMLInputElement || event.target instanceof HTMLSelectElement;
       if (event.key === "Escape" && !typing && state.selectedId) closeJob();
     });
     document.addEventListener("visibilitychange", () => {
-      if (!document.hidden && !state.authNeeded) tick();
+      if (document.hidden || state.authNeeded) return;
+      tick();
+      if (state.wf && !state.wf.done) kickWorkflow(); // from the hidden pace to the live one
     });
     if (typeof ResizeObserver === "function") new ResizeObserver(() => drawChart()).observe($("chart"));
 
-    const match = /^#job=([^&]+)$/.exec(location.hash);
-    if (match) {
-      try {
-        openJob(decodeURIComponent(match[1]));
-      } catch {
-        /* a malformed hash */
-      }
-    }
+    applyHash();
     renderJobs();
     detectBulkRetry();
     tick();
