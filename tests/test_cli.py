@@ -93,6 +93,32 @@ def test_enqueue_and_status(db_url: str) -> None:
     )
 
 
+def test_enqueue_with_dependencies_and_a_group_key_and_status_shows_them(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    first, second = (
+        notifyq("enqueue", "echo", "{}", "--delay", "60", env=env).stdout.strip() for _ in "ab"
+    )
+    done = notifyq(
+        "enqueue", "echo", '{"n": 3}', "--depends-on", first, "--depends-on", f"{second}, {first}",
+        "--group-key", "g", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    child = done.stdout.strip()
+    assert "waits for the jobs it depends on" in done.stderr
+    job = json.loads(notifyq("status", child, env=env).stdout)
+    assert job["status"] == "waiting"
+    assert job["depends_on"] == sorted([first, second])
+    assert (job["group_key"], job["workflow_id"], job["progress"]) == ("g", None, None)
+    plain = json.loads(notifyq("status", first, env=env).stdout)
+    assert (plain["depends_on"], plain["group_key"], plain["progress"]) == ([], None, None)
+    assert notifyq("cancel", first, env=env).returncode == 0
+    doomed = notifyq("enqueue", "echo", "--depends-on", first, env=env)
+    assert doomed.returncode == 0 and "cancelled at once" in doomed.stderr
+    assert json.loads(notifyq("status", doomed.stdout.strip(), env=env).stdout)["error"] == (
+        f"cancelled: job {first}, which it depends on, was cancelled"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -104,6 +130,14 @@ def test_enqueue_and_status(db_url: str) -> None:
         (["status", "00000000-0000-0000-0000-000000000000"], "no job with id"),
         (["retry"], "name JOB_IDs"),
         (["cancel", "00000000-0000-0000-0000-000000000000"], "could not be cancelled"),
+        (["enqueue", "echo", "--depends-on", "nope"], "'nope' is not a job id"),
+        (["enqueue", "echo", "--depends-on", f"{uuid.UUID(int=1)},"], "'' is not a job id"),
+        (
+            ["enqueue", "echo", "--depends-on", str(uuid.UUID(int=7))],
+            f"do not exist: {uuid.UUID(int=7)}",
+        ),
+        (["enqueue", "echo", "--group-key", ""], "group_key must be a non-empty string"),
+        (["enqueue", "echo", "--group-key", "k" * 513], "group_key is longer than 512"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragment: str) -> None:

@@ -117,6 +117,9 @@ class EnqueueArgs(Arguments):
     delay: float | None
     dedup_key: str | None
     max_attempts: int | None
+    #: As typed, one --depends-on each: a job id, or several comma-separated.
+    depends_on: list[str] | None
+    group_key: str | None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,14 @@ from uuid import UUID
 
 import anyio
 
-from notifyq.cli._args import CancelArgs, EnqueueArgs, JobsArgs, PruneArgs, RetryArgs, StatusArgs
+from notifyq.cli._args import (
+    CancelArgs,
+    EnqueueArgs,
+    JobsArgs,
+    PruneArgs,
+    RetryArgs,
+    StatusArgs,
+)
 from notifyq.cli._errors import Failed
 from notifyq.cli._output import duration, jobs_table, say
 from notifyq.client import Queue
@@ -30,6 +37,11 @@ def _job_id(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise InvalidJob(f"{text!r} is not a job id (a UUID)") from None
+
+
+def _job_ids(flags: list[str] | None) -> list[UUID]:
+    """The ids of the --depends-on flags, each one id or several comma-separated."""
+    return [_job_id(part.strip()) for flag in flags or () for part in flag.split(",")]
 
 
 def _payload(text: str) -> dict[str, Any]:
@@ -54,6 +66,7 @@ def _print_json(job: Job, *, indent: int | None = None) -> None:
 def enqueue(args: EnqueueArgs, settings: Settings) -> int:
     """Enqueues one job and prints its id."""
     payload = _payload(args.payload)
+    depends_on = _job_ids(args.depends_on)
 
     async def run() -> EnqueueResult:
         async with _queue(settings) as q:
@@ -65,12 +78,18 @@ def enqueue(args: EnqueueArgs, settings: Settings) -> int:
                 delay=args.delay,
                 dedup_key=args.dedup_key,
                 max_attempts=args.max_attempts,
+                depends_on=depends_on,
+                group_key=args.group_key,
             )
 
     result = anyio.run(run)
     print(result.job_id)
     if result.duplicate:
         say("notifyq: replaced the queued job with the same dedup key")
+    if result.status is JobStatus.WAITING:
+        say("notifyq: it waits for the jobs it depends on")
+    elif result.status is JobStatus.CANCELLED:
+        say("notifyq: cancelled at once: a job it depends on failed or was cancelled")
     return 0
 
 

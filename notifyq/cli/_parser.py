@@ -163,6 +163,16 @@ def _job_commands(commands: _Commands) -> None:
     enqueue.add_argument("--delay", type=_seconds, help="seconds before the job may start")
     enqueue.add_argument("--dedup-key")
     enqueue.add_argument("--max-attempts", type=_positive_int)
+    enqueue.add_argument(
+        "--depends-on",
+        action="append",
+        metavar="JOB_ID",
+        help="a job it waits for (repeat or comma-separate): it runs once they all completed, "
+        "and is cancelled if one fails or is cancelled",
+    )
+    enqueue.add_argument(
+        "--group-key", help="jobs of one queue and group key run one at a time, in order"
+    )
 
     status = commands.add_parser("status", help="print a job as JSON")
     status.add_argument("job_id", metavar="JOB_ID")
