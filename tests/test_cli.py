@@ -111,6 +111,8 @@ def test_enqueue_with_dependencies_and_a_group_key_and_status_shows_them(db_url:
     assert (job["group_key"], job["workflow_id"], job["progress"]) == ("g", None, None)
     plain = json.loads(notifyq("status", first, env=env).stdout)
     assert (plain["depends_on"], plain["group_key"], plain["progress"]) == ([], None, None)
+    waiting = notifyq("jobs", "--status", "waiting", "--json", env=env)
+    assert [json.loads(line)["job_id"] for line in waiting.stdout.splitlines()] == [child]
     assert notifyq("cancel", first, env=env).returncode == 0
     doomed = notifyq("enqueue", "echo", "--depends-on", first, env=env)
     assert doomed.returncode == 0 and "cancelled at once" in doomed.stderr

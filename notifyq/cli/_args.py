@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from notifyq.grants import Kind
 
-JobStatusName = Literal["queued", "processing", "completed", "failed", "cancelled"]
+JobStatusName = Literal["waiting", "queued", "processing", "completed", "failed", "cancelled"]
 
 
 @dataclass(frozen=True, kw_only=True)

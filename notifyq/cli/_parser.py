@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import NoReturn, TypeAlias, TypeVar
+from typing import NoReturn, TypeAlias, TypeVar, get_args
 
 from notifyq._version import __version__
-from notifyq.cli._args import Arguments
+from notifyq.cli._args import Arguments, JobStatusName
 from notifyq.cli._errors import EXIT_USAGE
 from notifyq.grants import KINDS
 
@@ -178,9 +178,7 @@ def _job_commands(commands: _Commands) -> None:
     status.add_argument("job_id", metavar="JOB_ID")
 
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
-    jobs.add_argument(
-        "--status", choices=["queued", "processing", "completed", "failed", "cancelled"]
-    )
+    jobs.add_argument("--status", choices=list(get_args(JobStatusName)))
     jobs.add_argument("--task")
     jobs.add_argument("--queue")
     jobs.add_argument("--limit", type=_positive_int, default=20)
