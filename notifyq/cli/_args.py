@@ -130,6 +130,15 @@ class StatusArgs(Arguments):
 
 
 @dataclass(frozen=True, kw_only=True)
+class WaitArgs(Arguments):
+    """``notifyq wait``."""
+
+    job_id: str
+    #: Seconds; None waits for as long as it takes.
+    timeout: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobsArgs(Arguments):
     """``notifyq jobs``."""
 

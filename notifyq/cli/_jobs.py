@@ -1,4 +1,5 @@
-"""The commands about jobs: ``enqueue``, ``status``, ``jobs``, ``retry``, ``cancel``, ``prune``.
+"""The commands about jobs: ``enqueue``, ``status``, ``wait``, ``jobs``, ``retry``, ``cancel``,
+``prune``.
 
 Each opens a :class:`~notifyq.client.Queue` of one connection for its few statements.
 """
@@ -6,6 +7,7 @@ Each opens a :class:`~notifyq.client.Queue` of one connection for its few statem
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -19,6 +21,7 @@ from notifyq.cli._args import (
     PruneArgs,
     RetryArgs,
     StatusArgs,
+    WaitArgs,
 )
 from notifyq.cli._errors import Failed
 from notifyq.cli._output import duration, jobs_table, say
@@ -104,6 +107,27 @@ def status(args: StatusArgs, settings: Settings) -> int:
     if job is None:
         raise Failed(f"no job with id {args.job_id}")
     _print_json(job, indent=2)
+    return 0
+
+
+def wait(args: WaitArgs, settings: Settings) -> int:
+    """Waits until the job is completed, failed or cancelled (woken by a notification) and
+    prints it as JSON; fails unless it completed."""
+    job_id = _job_id(args.job_id)
+    timeout = math.inf if args.timeout is None else args.timeout
+
+    async def run() -> Job:
+        async with _queue(settings) as q:
+            return await q.wait(job_id, timeout=timeout)
+
+    try:
+        job = anyio.run(run)
+    except TimeoutError:
+        raise Failed(f"job {job_id} has not finished after {duration(timeout)}") from None
+    _print_json(job, indent=2)
+    if job.status is not JobStatus.COMPLETED:
+        error = (job.last_error or "").strip().splitlines()
+        raise Failed(f"job {job_id} {job.status.value}" + (f": {error[0]}" if error else ""))
     return 0
 
 

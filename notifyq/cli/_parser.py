@@ -81,6 +81,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -176,6 +183,17 @@ def _job_commands(commands: _Commands) -> None:
 
     status = commands.add_parser("status", help="print a job as JSON")
     status.add_argument("job_id", metavar="JOB_ID")
+
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a job finishes and print it as JSON; exit 0 only if it completed",
+    )
+    wait.add_argument("job_id", metavar="JOB_ID")
+    wait.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        help="give up after this many seconds (default: never)",
+    )
 
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--status", choices=list(get_args(JobStatusName)))
