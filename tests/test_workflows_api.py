@@ -30,7 +30,7 @@ import pytest
 from psycopg import sql
 from pydantic import SecretStr
 
-from notifyq import JobContext
+from notifyq import JobContext, Snooze
 from notifyq.api import create_app
 from notifyq.settings import Settings
 from notifyq.tasks import Registry
@@ -738,9 +738,20 @@ async def watch_rows(conn: psycopg.AsyncConnection[Any], *job_ids: str) -> int:
 async def test_a_stream_follows_a_waiting_job_to_its_end_pushed_by_notify(
     stream_server: str, stream_settings: Settings, queue: str
 ) -> None:
+    """Every change is pushed, whichever statement made it: the parent's completion (waiting
+    to queued), the claim, a snooze (back to queued), progress, the completion."""
+    # Each step of the handler waits until the stream showed the one before: what the test
+    # expects to see is then never overtaken by the next change.
+    seen_running = [anyio.Event(), anyio.Event()]
     release = anyio.Event()
+    runs = 0
 
     async def steps(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        nonlocal runs
+        runs += 1
+        await seen_running[runs - 1].wait()
+        if runs == 1:
+            raise Snooze(0.3)
         ctx.progress(0.25, "a quarter")
         await release.wait()
         return {"done": True, **ctx.dependencies}
@@ -753,7 +764,6 @@ async def test_a_stream_follows_a_waiting_job_to_its_end_pushed_by_notify(
         async with open_stream(client, child) as events:
             first = await events.next()
             assert first == ("job", await get_job(client, child))  # as GET /jobs/{id} shows it
-            assert first[1]["status"] == "waiting"
             seen: list[dict[str, Any]] = [first[1]]
             async with running_worker(stream_settings, registry(steps=steps)):
                 while seen[-1]["status"] != "completed":
@@ -762,21 +772,24 @@ async def test_a_stream_follows_a_waiting_job_to_its_end_pushed_by_notify(
                     kind, job = event
                     assert kind == "job" and set(job) == set(first[1])
                     seen.append(job)
+                    if job["status"] == "processing" and job["progress"] is None:
+                        started = [j for j in seen if j["status"] == "processing"]
+                        seen_running[len(started) - 1].set()
                     if job["progress"] == {"fraction": 0.25, "message": "a quarter"}:
                         release.set()
                 assert await events.next() is None  # it ends after the final status
     statuses = [job["status"] for job in seen]
-    assert statuses[0] == "waiting" and statuses[-1] == "completed"
-    assert set(statuses) <= {"waiting", "queued", "processing", "completed"}, statuses
-    assert any(
-        job["status"] == "processing"
-        and job["progress"] == {"fraction": 0.25, "message": "a quarter"}
-        for job in seen
-    ), seen
-    # Each event says something new.
-    pairs = [(job["status"], json.dumps(job["progress"])) for job in seen]
-    assert len(pairs) == len(set(pairs)), pairs
+    # queued right after waiting may come and go between two looks: the others last.
+    if statuses[1] == "queued":
+        del statuses[1]
+    assert statuses == ["waiting", "processing", "queued", "processing", "processing", "completed"]
+    assert seen[-3]["progress"] is None
+    assert seen[-2]["progress"] == {"fraction": 0.25, "message": "a quarter"}
     assert seen[-1]["result"] == {"done": True, parent: {"n": 1}}
+    running = next(job for job in seen if job["status"] == "processing")
+    snoozed = seen[seen.index(running) + 1]
+    assert snoozed["status"] == "queued" and snoozed["attempt_count"] == 0  # not counted
+    assert parse_time(snoozed["run_at"]) > parse_time(running["started_at"])
 
 
 async def test_a_stream_of_a_finished_job_is_one_event_and_bad_ids_are_refused(
