@@ -123,6 +123,14 @@ async def job_count(conn: psycopg.AsyncConnection[Any]) -> int:
     return count
 
 
+async def stored_group_key(conn: psycopg.AsyncConnection[Any], job_id: str) -> str | None:
+    cursor = await conn.execute("SELECT group_key FROM notifyq.jobs WHERE id = %s", [job_id])
+    row = await cursor.fetchone()
+    assert row is not None
+    key: str | None = row[0]
+    return key
+
+
 # -- POST /jobs: depends_on and group_key ------------------------------------------------------
 
 
@@ -229,15 +237,7 @@ async def test_malformed_dependencies_and_group_keys_are_422_and_store_nothing(
         # The longest group key is accepted.
         longest = await enqueue(client, {"payload": {}, "group_key": "k" * 512})
     assert await count_by_status(conn) == {"queued": 1}
-    assert (await get_job_row_key(conn, longest)) == "k" * 512
-
-
-async def get_job_row_key(conn: psycopg.AsyncConnection[Any], job_id: str) -> str | None:
-    cursor = await conn.execute("SELECT group_key FROM notifyq.jobs WHERE id = %s", [job_id])
-    row = await cursor.fetchone()
-    assert row is not None
-    key: str | None = row[0]
-    return key
+    assert await stored_group_key(conn, longest) == "k" * 512
 
 
 @pytest.mark.xfail(
