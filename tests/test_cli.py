@@ -93,6 +93,67 @@ def test_enqueue_and_status(db_url: str) -> None:
     )
 
 
+def test_enqueue_with_dependencies_and_a_group_key_and_status_shows_them(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    first, second = (
+        notifyq("enqueue", "echo", "{}", "--delay", "60", env=env).stdout.strip() for _ in "ab"
+    )
+    done = notifyq(
+        "enqueue", "echo", '{"n": 3}', "--depends-on", first, "--depends-on", f"{second}, {first}",
+        "--group-key", "g", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    child = done.stdout.strip()
+    assert "waits for the jobs it depends on" in done.stderr
+    job = json.loads(notifyq("status", child, env=env).stdout)
+    assert job["status"] == "waiting"
+    assert job["depends_on"] == sorted([first, second])
+    assert (job["group_key"], job["workflow_id"], job["progress"]) == ("g", None, None)
+    plain = json.loads(notifyq("status", first, env=env).stdout)
+    assert (plain["depends_on"], plain["group_key"], plain["progress"]) == ([], None, None)
+    waiting = notifyq("jobs", "--status", "waiting", "--json", env=env)
+    assert [json.loads(line)["job_id"] for line in waiting.stdout.splitlines()] == [child]
+    assert notifyq("cancel", first, env=env).returncode == 0
+    doomed = notifyq("enqueue", "echo", "--depends-on", first, env=env)
+    assert doomed.returncode == 0 and "cancelled at once" in doomed.stderr
+    assert json.loads(notifyq("status", doomed.stdout.strip(), env=env).stdout)["error"] == (
+        f"cancelled: job {first}, which it depends on, was cancelled"
+    )
+
+
+def test_wait_prints_the_final_job_and_exits_zero_only_if_it_completed(db_url: str) -> None:
+    env = notifyq_env(db_url)
+    good = notifyq("enqueue", "echo", '{"n": 1}', env=env).stdout.strip()
+    bad = notifyq("enqueue", "fail", '{"message": "boom"}', "--max-attempts", "1", env=env)
+    line = one_line_error(notifyq("wait", good, "--timeout", "0.2", env=env))
+    assert f"job {good} has not finished after 0.2s" in line
+    never = notifyq("wait", good, "--timeout", "0", env=env)  # it could not even look
+    assert never.returncode == 2 and "'0' must be more than 0" in never.stderr
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "notifyq", "wait", good, "--timeout", "30"],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # It waits (its watch of the job is registered) before the job runs.
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            deadline = time.monotonic() + 20
+            query = "SELECT count(*) FROM notifyq.watched_jobs WHERE job_id = %s"
+            while conn.execute(query, [good]).fetchone() != (1,):
+                assert waiting.poll() is None, waiting.communicate()
+                assert time.monotonic() < deadline, "notifyq wait never watched the job"
+                time.sleep(0.02)
+        assert notifyq("worker", "--burst", env=env).returncode == 0
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, err
+    job = json.loads(out)
+    assert (job["job_id"], job["status"], job["result"]) == (good, "completed", {"n": 1})
+    failed = notifyq("wait", bad.stdout.strip(), env=env)
+    assert json.loads(failed.stdout)["status"] == "failed"
+    assert f"job {bad.stdout.strip()} failed: RuntimeError: boom" in one_line_error(failed)
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -104,6 +165,16 @@ def test_enqueue_and_status(db_url: str) -> None:
         (["status", "00000000-0000-0000-0000-000000000000"], "no job with id"),
         (["retry"], "name JOB_IDs"),
         (["cancel", "00000000-0000-0000-0000-000000000000"], "could not be cancelled"),
+        (["enqueue", "echo", "--depends-on", "nope"], "'nope' is not a job id"),
+        (["enqueue", "echo", "--depends-on", f"{uuid.UUID(int=1)},"], "'' is not a job id"),
+        (
+            ["enqueue", "echo", "--depends-on", str(uuid.UUID(int=7))],
+            f"do not exist: {uuid.UUID(int=7)}",
+        ),
+        (["enqueue", "echo", "--group-key", ""], "group_key must be a non-empty string"),
+        (["enqueue", "echo", "--group-key", "k" * 513], "group_key is longer than 512"),
+        (["wait", "not-a-uuid"], "is not a job id"),
+        (["wait", "00000000-0000-0000-0000-000000000000"], "no job"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragment: str) -> None:
@@ -114,6 +185,7 @@ def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragmen
 MINIMAL_ARGS = {
     "enqueue": ["echo"],
     "status": [str(uuid.UUID(int=1))],
+    "wait": [str(uuid.UUID(int=1))],
     "cancel": [str(uuid.UUID(int=1))],
     "queue": ["mail"],
     "grant": ["someone", "--as", "worker"],

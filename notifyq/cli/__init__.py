@@ -9,7 +9,7 @@ Inside, private modules by concern, each importing only those listed before it:
 - ``_parser``: the grammar (commands, flags, their types) that fills those values.
 - ``_uvicorn``: the HTTP server of ``serve`` and ``dev``.
 - ``_running``: ``migrate``, ``worker``, ``serve``, ``dev``.
-- ``_jobs``: ``enqueue``, ``status``, ``jobs``, ``retry``, ``cancel``, ``prune``.
+- ``_jobs``: ``enqueue``, ``status``, ``wait``, ``jobs``, ``retry``, ``cancel``, ``prune``.
 - ``_queues``: ``queue``, ``stats``, ``top``, ``tasks``.
 - ``_roles``: ``grant``.
 - ``_main``: :func:`main` and the table of commands.

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from notifyq.grants import Kind
 
-JobStatusName = Literal["queued", "processing", "completed", "failed", "cancelled"]
+JobStatusName = Literal["waiting", "queued", "processing", "completed", "failed", "cancelled"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +117,9 @@ class EnqueueArgs(Arguments):
     delay: float | None
     dedup_key: str | None
     max_attempts: int | None
+    #: As typed, one --depends-on each: a job id, or several comma-separated.
+    depends_on: list[str] | None
+    group_key: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +127,15 @@ class StatusArgs(Arguments):
     """``notifyq status``."""
 
     job_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitArgs(Arguments):
+    """``notifyq wait``."""
+
+    job_id: str
+    #: Seconds; None waits for as long as it takes.
+    timeout: float | None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""The commands about jobs: ``enqueue``, ``status``, ``jobs``, ``retry``, ``cancel``, ``prune``.
+"""The commands about jobs: ``enqueue``, ``status``, ``wait``, ``jobs``, ``retry``, ``cancel``,
+``prune``.
 
 Each opens a :class:`~notifyq.client.Queue` of one connection for its few statements.
 """
@@ -6,13 +7,22 @@ Each opens a :class:`~notifyq.client.Queue` of one connection for its few statem
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 import anyio
 
-from notifyq.cli._args import CancelArgs, EnqueueArgs, JobsArgs, PruneArgs, RetryArgs, StatusArgs
+from notifyq.cli._args import (
+    CancelArgs,
+    EnqueueArgs,
+    JobsArgs,
+    PruneArgs,
+    RetryArgs,
+    StatusArgs,
+    WaitArgs,
+)
 from notifyq.cli._errors import Failed
 from notifyq.cli._output import duration, jobs_table, say
 from notifyq.client import Queue
@@ -30,6 +40,11 @@ def _job_id(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise InvalidJob(f"{text!r} is not a job id (a UUID)") from None
+
+
+def _job_ids(flags: list[str] | None) -> list[UUID]:
+    """The ids of the --depends-on flags, each one id or several comma-separated."""
+    return [_job_id(part.strip()) for flag in flags or () for part in flag.split(",")]
 
 
 def _payload(text: str) -> dict[str, Any]:
@@ -54,6 +69,7 @@ def _print_json(job: Job, *, indent: int | None = None) -> None:
 def enqueue(args: EnqueueArgs, settings: Settings) -> int:
     """Enqueues one job and prints its id."""
     payload = _payload(args.payload)
+    depends_on = _job_ids(args.depends_on)
 
     async def run() -> EnqueueResult:
         async with _queue(settings) as q:
@@ -65,12 +81,18 @@ def enqueue(args: EnqueueArgs, settings: Settings) -> int:
                 delay=args.delay,
                 dedup_key=args.dedup_key,
                 max_attempts=args.max_attempts,
+                depends_on=depends_on,
+                group_key=args.group_key,
             )
 
     result = anyio.run(run)
     print(result.job_id)
     if result.duplicate:
         say("notifyq: replaced the queued job with the same dedup key")
+    if result.status is JobStatus.WAITING:
+        say("notifyq: it waits for the jobs it depends on")
+    elif result.status is JobStatus.CANCELLED:
+        say("notifyq: cancelled at once: a job it depends on failed or was cancelled")
     return 0
 
 
@@ -85,6 +107,27 @@ def status(args: StatusArgs, settings: Settings) -> int:
     if job is None:
         raise Failed(f"no job with id {args.job_id}")
     _print_json(job, indent=2)
+    return 0
+
+
+def wait(args: WaitArgs, settings: Settings) -> int:
+    """Waits until the job is completed, failed or cancelled (woken by a notification) and
+    prints it as JSON; fails unless it completed."""
+    job_id = _job_id(args.job_id)
+    timeout = math.inf if args.timeout is None else args.timeout
+
+    async def run() -> Job:
+        async with _queue(settings) as q:
+            return await q.wait(job_id, timeout=timeout)
+
+    try:
+        job = anyio.run(run)
+    except TimeoutError:
+        raise Failed(f"job {job_id} has not finished after {duration(timeout)}") from None
+    _print_json(job, indent=2)
+    if job.status is not JobStatus.COMPLETED:
+        error = (job.last_error or "").strip().splitlines()
+        raise Failed(f"job {job_id} {job.status.value}" + (f": {error[0]}" if error else ""))
     return 0
 
 

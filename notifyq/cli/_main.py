@@ -33,6 +33,7 @@ from notifyq.cli._args import (
     StatusArgs,
     TasksArgs,
     TopArgs,
+    WaitArgs,
     WorkerArgs,
 )
 from notifyq.cli._errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, one_line
@@ -71,6 +72,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Invocation]] = {
     "dev": _command(DevArgs, running.dev),
     "enqueue": _command(EnqueueArgs, jobs.enqueue),
     "status": _command(StatusArgs, jobs.status),
+    "wait": _command(WaitArgs, jobs.wait),
     "jobs": _command(JobsArgs, jobs.jobs),
     "retry": _command(RetryArgs, jobs.retry),
     "cancel": _command(CancelArgs, jobs.cancel),

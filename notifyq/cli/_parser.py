@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import NoReturn, TypeAlias, TypeVar
+from typing import NoReturn, TypeAlias, TypeVar, get_args
 
 from notifyq._version import __version__
-from notifyq.cli._args import Arguments
+from notifyq.cli._args import Arguments, JobStatusName
 from notifyq.cli._errors import EXIT_USAGE
 from notifyq.grants import KINDS
 
@@ -78,6 +78,13 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
     return value
 
 
@@ -163,14 +170,33 @@ def _job_commands(commands: _Commands) -> None:
     enqueue.add_argument("--delay", type=_seconds, help="seconds before the job may start")
     enqueue.add_argument("--dedup-key")
     enqueue.add_argument("--max-attempts", type=_positive_int)
+    enqueue.add_argument(
+        "--depends-on",
+        action="append",
+        metavar="JOB_ID",
+        help="a job it waits for (repeat or comma-separate): it runs once they all completed, "
+        "and is cancelled if one fails or is cancelled",
+    )
+    enqueue.add_argument(
+        "--group-key", help="jobs of one queue and group key run one at a time, in order"
+    )
 
     status = commands.add_parser("status", help="print a job as JSON")
     status.add_argument("job_id", metavar="JOB_ID")
 
-    jobs = commands.add_parser("jobs", help="list jobs, newest first")
-    jobs.add_argument(
-        "--status", choices=["queued", "processing", "completed", "failed", "cancelled"]
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a job finishes and print it as JSON; exit 0 only if it completed",
     )
+    wait.add_argument("job_id", metavar="JOB_ID")
+    wait.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        help="give up after this many seconds (default: never)",
+    )
+
+    jobs = commands.add_parser("jobs", help="list jobs, newest first")
+    jobs.add_argument("--status", choices=list(get_args(JobStatusName)))
     jobs.add_argument("--task")
     jobs.add_argument("--queue")
     jobs.add_argument("--limit", type=_positive_int, default=20)
