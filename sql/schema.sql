@@ -179,32 +179,33 @@ CREATE FUNCTION notifyq.advance_groups_v1(p_queues text[], p_group_keys text[]) 
     SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
-DECLARE
-    r record;
-    v_head uuid;
 BEGIN
-    FOR r IN
-        SELECT DISTINCT g.queue, g.group_key
-        FROM unnest(p_queues, p_group_keys) AS g(queue, group_key)
-        WHERE g.group_key IS NOT NULL
-        ORDER BY 1, 2
-    LOOP
-        PERFORM notifyq.lock_group_v1(r.queue, r.group_key);
-        CONTINUE WHEN EXISTS (
+    PERFORM notifyq.lock_group_v1(g.queue, g.group_key)
+    FROM (SELECT DISTINCT u.queue, u.group_key
+          FROM unnest(p_queues, p_group_keys) AS u(queue, group_key)
+          WHERE u.group_key IS NOT NULL
+          ORDER BY 1, 2) AS g;
+    RETURN QUERY
+    WITH groups AS (
+        SELECT DISTINCT u.queue, u.group_key
+        FROM unnest(p_queues, p_group_keys) AS u(queue, group_key)
+        WHERE u.group_key IS NOT NULL
+    ), heads AS (
+        SELECT (SELECT j.id FROM notifyq.jobs AS j
+                WHERE j.queue = g.queue AND j.group_key = g.group_key
+                  AND j.status IN ('waiting', 'queued') AND j.group_blocked
+                ORDER BY j.group_seq
+                LIMIT 1) AS id
+        FROM groups AS g
+        WHERE NOT EXISTS (
             SELECT 1 FROM notifyq.jobs AS j
-            WHERE j.queue = r.queue AND j.group_key = r.group_key
-              AND j.status IN ('waiting', 'queued', 'processing') AND NOT j.group_blocked);
-        SELECT j.id INTO v_head FROM notifyq.jobs AS j
-        WHERE j.queue = r.queue AND j.group_key = r.group_key
-          AND j.status IN ('waiting', 'queued') AND j.group_blocked
-        ORDER BY j.group_seq
-        LIMIT 1;
-        CONTINUE WHEN v_head IS NULL;
-        RETURN QUERY
-        UPDATE notifyq.jobs AS j SET group_blocked = false
-        WHERE j.id = v_head
-        RETURNING j.id, CASE WHEN j.status = 'queued' THEN j.queue END;
-    END LOOP;
+            WHERE j.queue = g.queue AND j.group_key = g.group_key
+              AND j.status IN ('waiting', 'queued', 'processing') AND NOT j.group_blocked)
+    )
+    UPDATE notifyq.jobs AS j SET group_blocked = false
+    FROM heads AS h
+    WHERE j.id = h.id
+    RETURNING j.id, CASE WHEN j.status = 'queued' THEN j.queue END;
 END;
 $$;
 
@@ -1166,6 +1167,7 @@ CREATE FUNCTION notifyq.enqueue_v3(p_task text, p_payload jsonb, p_queue text, p
 DECLARE
     v_new_id uuid := coalesce(p_id, gen_random_uuid());
     v_payload jsonb := coalesce(p_payload, '{}'::jsonb);
+    v_asked uuid[] := ARRAY(SELECT DISTINCT a FROM unnest(p_depends_on) AS a ORDER BY a);
     v_job record;
     d record;
 BEGIN
@@ -1187,10 +1189,26 @@ BEGIN
                       run_at = EXCLUDED.run_at,
                       max_attempts = EXCLUDED.max_attempts
             WHERE j.status IN ('waiting', 'queued')
-        RETURNING j.id, j.queue, j.status, j.run_at, j.created_at, j.group_blocked INTO v_job;
+        RETURNING j.id, j.queue, j.status, j.run_at, j.created_at, j.group_blocked,
+                  j.depends_on, j.group_key INTO v_job;
         EXIT WHEN FOUND;
     END LOOP;
     IF v_job.id <> v_new_id THEN
+        -- Raising undoes the replacement above: the pending job stays as it was.
+        IF v_job.depends_on <> v_asked THEN
+            RAISE EXCEPTION 'job % is pending with dedup_key % and depends_on {%}, not {%}',
+                            v_job.id, p_dedup_key, array_to_string(v_job.depends_on, ', '),
+                            array_to_string(v_asked, ', ')
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Submit it with the same depends_on, or with another dedup_key.';
+        END IF;
+        IF v_job.group_key IS DISTINCT FROM p_group_key THEN
+            RAISE EXCEPTION 'job % is pending with dedup_key % and group_key %, not %',
+                            v_job.id, p_dedup_key, coalesce(quote_literal(v_job.group_key), 'none'),
+                            coalesce(quote_literal(p_group_key), 'none')
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Submit it with the same group_key, or with another dedup_key.';
+        END IF;
         -- A replaced job may now be due earlier than the time its workers sleep until.
         IF v_job.status = 'queued' AND NOT v_job.group_blocked THEN
             PERFORM notifyq.wake_v1(ARRAY[v_job.queue]);
@@ -2404,7 +2422,7 @@ CREATE INDEX jobs_created_idx ON notifyq.jobs USING btree (created_at DESC, id D
 
 CREATE INDEX jobs_dead_idx ON notifyq.jobs USING btree (status, task, created_at DESC) WHERE (status = ANY (ARRAY['failed'::text, 'cancelled'::text]));
 
-CREATE INDEX jobs_dependents_idx ON notifyq.jobs USING gin (depends_on) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (depends_on <> '{}'::uuid[]));
+CREATE INDEX jobs_dependents_idx ON notifyq.jobs USING gin (depends_on) WITH (fastupdate=off) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (depends_on <> '{}'::uuid[]));
 
 CREATE INDEX jobs_due_idx ON notifyq.jobs USING btree (run_at) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
 

@@ -240,16 +240,12 @@ async def test_malformed_dependencies_and_group_keys_are_422_and_store_nothing(
     assert await stored_group_key(conn, longest) == "k" * 512
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: a duplicate of a queued job keeps that job's dependencies and group "
-    "and drops the submission's (200 duplicate, queued), so a job submitted to wait for another "
-    "may run first, and one submitted into a group may run beside it",
-)
 @pytest.mark.parametrize("field", ["depends_on", "group_key"])
-async def test_a_duplicate_keeps_the_dependencies_and_the_group_it_was_submitted_with(
+async def test_a_duplicate_that_asks_for_other_dependencies_or_another_group_is_refused(
     settings: Settings, conn: Any, field: str
 ) -> None:
+    # Taking the submission for the pending job's would drop what it asked for: a job meant to
+    # wait for another could run first, one meant for a group could run beside its members.
     async with app_client(settings) as client:
         parent = await enqueue(client, {"payload": {}, "delay": 3600, "group_key": "g"})
         first = await enqueue(client, {"payload": {"v": 1}, "dedup_key": "k"})
@@ -258,13 +254,31 @@ async def test_a_duplicate_keeps_the_dependencies_and_the_group_it_was_submitted
             "/jobs", json={"payload": {"v": 2}, "dedup_key": "k", field: value}
         )
         job = await get_job(client, first)
-    # Either the submission is refused, or the job it answers with waits (for the parent, or
-    # for its turn in the group): never a queued job that may start before the parent ends.
-    if again.status_code in (409, 422):
-        return
-    assert again.status_code == 200 and again.json()["job_id"] == first
-    assert job[field] == value
-    assert job["status"] == "waiting" if field == "depends_on" else job["status"] == "queued"
+    assert again.status_code == 422, again.text
+    assert first in again.json()["detail"] and field in again.json()["detail"]
+    # The refusal changed nothing: the pending job keeps its payload, and no second job exists.
+    assert job["payload"] == {"v": 1} and job["status"] == "queued"
+    assert job[field] == ([] if field == "depends_on" else None)
+    assert await count_by_status(conn) == {"queued": 2}
+
+
+async def test_a_duplicate_that_asks_for_the_same_dependencies_and_group_replaces_the_job(
+    settings: Settings, conn: Any
+) -> None:
+    async with app_client(settings) as client:
+        one = await enqueue(client, {"payload": {}, "delay": 3600})
+        two = await enqueue(client, {"payload": {}, "delay": 3600})
+        body = {"payload": {"v": 1}, "dedup_key": "k", "group_key": "g", "depends_on": [one, two]}
+        first = await enqueue(client, body)
+        # The same set of dependencies, in another order and with a repeat.
+        again = await client.post(
+            "/jobs", json={**body, "payload": {"v": 2}, "depends_on": [two, one, two]}
+        )
+        job = await get_job(client, first)
+    assert again.status_code == 200, again.text
+    assert again.json() == {**again.json(), "job_id": first, "duplicate": True}
+    assert job["payload"] == {"v": 2} and job["status"] == "waiting"
+    assert sorted(job["depends_on"]) == sorted([one, two]) and job["group_key"] == "g"
 
 
 async def test_a_batch_depends_on_stored_jobs_and_its_groups_run_in_batch_order(
