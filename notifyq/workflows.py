@@ -21,6 +21,8 @@ from __future__ import annotations
 import abc
 import heapq
 import itertools
+import secrets
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,7 +115,6 @@ def plan(jobs: Sequence[Mapping[str, Any]], make_spec: MakeSpec) -> Plan:
             raise InvalidJob(f"jobs[{index}]: ref {ref!r} is also the ref of jobs[{seen[ref]}]")
         seen[ref] = index
     workflow_id = uuid.uuid4()
-    ids = {ref: uuid.uuid4() for ref in refs}
     parents: list[list[int]] = []  # the indexes of the workflow's jobs each one waits for
     outside: list[list[UUID]] = []  # the stored jobs each one waits for
     for index, job in enumerate(jobs):
@@ -121,6 +122,10 @@ def plan(jobs: Sequence[Mapping[str, Any]], make_spec: MakeSpec) -> Plan:
         parents.append(inner)
         outside.append(stored)
     order = _topological(refs, parents)
+    # Ids that sort in the order the jobs go in: one transaction gives them one created_at, so
+    # the id is what keeps a workflow read back in that order.
+    made = dict(zip(order, ordered_ids(len(order)), strict=True))
+    ids = {ref: made[index] for index, ref in enumerate(refs)}
     specs = [
         make_spec(
             index,
@@ -132,6 +137,19 @@ def plan(jobs: Sequence[Mapping[str, Any]], make_spec: MakeSpec) -> Plan:
         for index in order
     ]
     return Plan(workflow_id, ids, specs)
+
+
+def ordered_ids(count: int) -> list[UUID]:
+    """``count`` new job ids in increasing order, laid out as UUID version 7 (RFC 9562): the
+    time in milliseconds, then a counter from a random start in the 74 bits the layout leaves
+    random, so they also sort after ids made earlier and are as hard to guess."""
+    millis = time.time_ns() // 1_000_000
+    start = secrets.randbits(73)  # leaves room for any count without wrapping
+    ids = []
+    for n in range(start, start + count):
+        value = (millis & (2**48 - 1)) << 80 | 0x7 << 76 | (n >> 62) << 64 | 0b10 << 62
+        ids.append(UUID(int=value | (n & (2**62 - 1))))
+    return ids
 
 
 def _ref_of(index: int, job: Mapping[str, Any]) -> str:

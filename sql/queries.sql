@@ -227,7 +227,8 @@ WHERE j.id = %(id)s AND j.status IN ('completed', 'failed', 'cancelled')
                     AND c.depends_on @> ARRAY[j.id])
 RETURNING j.id;
 
--- The jobs of a workflow, in the order they were created.
+-- The jobs of a workflow, in the order they were created (one transaction gives them one
+-- created_at; their ids, notifyq.workflows.ordered_ids, sort in the order they went in).
 -- name: workflow_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,

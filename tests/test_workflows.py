@@ -189,6 +189,25 @@ async def test_a_duplicate_replaces_a_waiting_job(settings: Settings, conn: Any)
     assert job is not None and job.payload == {"v": 2}
 
 
+async def test_a_duplicate_must_ask_for_the_same_dependencies_and_group(
+    settings: Settings, conn: Any
+) -> None:
+    async with Queue(settings.database_url) as q:
+        parent = await q.enqueue("echo", {}, delay=3600)
+        first = await q.enqueue("echo", {"v": 1}, dedup_key="k", group_key="g")
+        with pytest.raises(RefusedInput, match="depends_on"):
+            await q.enqueue(
+                "echo", {"v": 2}, dedup_key="k", group_key="g", depends_on=[parent.job_id]
+            )
+        with pytest.raises(RefusedInput, match="group_key 'g', not 'h'"):
+            await q.enqueue("echo", {"v": 3}, dedup_key="k", group_key="h")
+        job = await q.get(first.job_id)
+    assert job is not None and job.payload == {"v": 1} and job.depends_on == []
+    # The SQL face applies the same rule.
+    with pytest.raises(psycopg.errors.UniqueViolation, match="group_key 'g', not none"):
+        await conn.execute("SELECT notifyq.enqueue('echo', '{}', dedup_key => 'k')")
+
+
 async def test_retention_keeps_a_parent_whose_child_has_not_started(
     settings: Settings, conn: Any
 ) -> None:
@@ -459,6 +478,19 @@ async def test_wait_is_woken_by_the_notification(settings: Settings, conn: Any) 
             second = await q.wait(again.job_id, timeout=10)
     assert job.status is JobStatus.COMPLETED and second.result == {"n": 2}
     assert waited < 5
+
+
+async def test_wait_with_no_time_left_answers_a_job_that_has_ended(
+    settings: Settings, conn: Any
+) -> None:
+    async with Queue(settings=settings) as q:
+        result = await q.enqueue("echo", {"n": 1})
+        with pytest.raises(TimeoutError):
+            await q.wait(result.job_id, timeout=0)
+        async with running_worker(settings):
+            await wait_for_status(conn, result.job_id, "completed")
+        job = await q.wait(result.job_id, timeout=0)
+    assert job.status is JobStatus.COMPLETED
 
 
 async def test_waits_that_race_the_jobs_end_are_all_woken(settings: Settings, conn: Any) -> None:

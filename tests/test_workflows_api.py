@@ -527,6 +527,23 @@ def _workflow_cases(stored: str) -> list[tuple[list[dict[str, Any]], list[str]]]
     ]
 
 
+async def test_get_workflow_lists_the_jobs_in_the_order_they_went_in(
+    settings: Settings, conn: Any
+) -> None:
+    # Every job after those it depends on, the others as submitted: the first job, which waits
+    # for the last, goes in last. (One transaction gives them all one created_at.)
+    refs = [f"j{n:02d}" for n in range(12)]
+    jobs: list[dict[str, Any]] = [{"ref": ref, "payload": {}, "delay": 3600} for ref in refs]
+    jobs[0]["depends_on"] = [refs[-1]]
+    async with app_client(settings) as client:
+        created = await client.post("/workflows", json={"jobs": jobs})
+        assert created.status_code == 201, created.text
+        ids = created.json()["jobs"]
+        read = await client.get(f"/workflows/{created.json()['workflow_id']}")
+    listed = [job["job_id"] for job in read.json()["jobs"]]
+    assert listed == [ids[ref] for ref in refs[1:] + refs[:1]]
+
+
 async def test_a_bad_workflow_is_a_422_and_creates_nothing(settings: Settings, conn: Any) -> None:
     async with app_client(settings) as client:
         stored = await enqueue(client, {"payload": {}})

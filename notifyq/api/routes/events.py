@@ -76,15 +76,15 @@ async def _events(first: Job, store: Store, watcher: JobWatcher) -> AsyncIterato
     yield _event(first)
     if first.status.finished:
         return
-    sent = (first.status, first.progress)
+    sent = _seen(first)
     try:
         async with watcher.watch(first.id) as changes:
             while True:
                 job = await store.get_job(first.id)
                 if job is None:
                     return  # deleted
-                if (job.status, job.progress) != sent:
-                    sent = (job.status, job.progress)
+                if _seen(job) != sent:
+                    sent = _seen(job)
                     yield _event(job)
                 if job.status.finished:
                     return
@@ -95,6 +95,12 @@ async def _events(first: Job, store: Store, watcher: JobWatcher) -> AsyncIterato
     except NotifyQError as exc:
         # The database went away, or too many waits: say so, and end (EventSource retries).
         yield f"event: error\ndata: {_one_line(str(exc))}\n\n"
+
+
+def _seen(job: Job) -> tuple[object, ...]:
+    # What a client is told about. The attempt counts too: a job that failed and started again
+    # between two reads shows the same status, but it went through another in between.
+    return (job.status, job.progress, job.attempt_count)
 
 
 def _event(job: Job) -> str:
