@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.bootstrap import require_database
-from notifyq.db import connect_kwargs, database_url, open_pool
+from notifyq.db import connect_kwargs, listen_url, open_pool
 from notifyq.errors import InvalidJob, JobNotFound, NotifyQError
 from notifyq.models import EnqueueResult, Job, JobSpec
 from notifyq.notifier import JOB_CHANNEL, Listener
@@ -212,7 +212,7 @@ class Queue:
             await self._stop_watching()  # one that stopped (its listener met a pooler, say)
             settings = self._settings
             listener = Listener(
-                database_url(settings),
+                listen_url(settings),
                 channels=(JOB_CHANNEL,),
                 connect_kwargs=connect_kwargs(settings, "notifyq-client-listener"),
             )

@@ -68,6 +68,12 @@ def database_url(settings: Settings) -> str:
     return settings.database_url
 
 
+def listen_url(settings: Settings) -> str:
+    """The URL of a process's LISTEN connection: NOTIFYQ_LISTEN_URL (the server itself, when
+    DATABASE_URL goes through a transaction-mode pooler), else DATABASE_URL."""
+    return settings.listen_url or database_url(settings)
+
+
 def connect_kwargs(
     settings: Settings,
     application_name: str,
@@ -84,7 +90,13 @@ def connect_kwargs(
     ``connect_timeout`` defaults to the settings' connect wait."""
     statement_s = settings.query_timeout if statement_timeout is None else statement_timeout
     connect_s = settings.connect_wait if connect_timeout is None else connect_timeout
+    pooled: dict[str, Any] = {}
+    if settings.transaction_pooled:
+        # A transaction-mode pooler hands each transaction to any server connection, where a
+        # statement psycopg prepared on another one does not exist (or is another statement).
+        pooled["prepare_threshold"] = None
     return {
+        **pooled,
         "autocommit": True,
         "application_name": application_name,
         # libpq counts whole seconds.
@@ -152,10 +164,25 @@ def connect_sync(
 
 
 def _unreachable(url: str, reason: str) -> DatabaseUnavailable:
+    if "unsupported startup parameter" in reason:
+        # PgBouncer's answer to the options every connection sends.
+        return DatabaseUnavailable(
+            f"cannot connect to {redact(url)}: {reason}: a pooler (PgBouncer) is in between; "
+            "add `options` to its ignore_startup_parameters, and set statement_timeout on the "
+            "role instead (see the README's PgBouncer section)"
+        )
     return DatabaseUnavailable(
         f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running and "
         "DATABASE_URL is right"
     )
+
+
+def _prepared_statement_mixup(exc: psycopg.Error) -> bool:
+    """Whether an error is what psycopg's prepared statements meet behind a transaction-mode
+    pooler: one missing, one already there, or one that is another statement."""
+    if exc.sqlstate in ("26000", "42P05"):
+        return True
+    return exc.sqlstate == "08P01" and "prepared statement" in str(exc)
 
 
 @functools.cache
@@ -230,6 +257,12 @@ def translate_errors(what: str) -> Iterator[None]:
 def translated_error(exc: BaseException, what: str) -> NotifyQError | None:
     """The notifyq error that stands for a driver error, or None for an error that is not the
     driver's (a bug of ours, which keeps its own type)."""
+    if isinstance(exc, psycopg.Error) and _prepared_statement_mixup(exc):
+        return DatabaseUnavailable(
+            f"{what}: {first_line(exc)}: DATABASE_URL goes through a transaction-mode pooler "
+            "(PgBouncer, Supavisor); set NOTIFYQ_POOLER=transaction (NOTIFYQ_LISTEN_URL "
+            "pointing at the server implies it)"
+        )
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return StatementTimeout(
             f"{what}: the database did not answer within the statement timeout ({first_line(exc)})"

@@ -1,16 +1,20 @@
 """``notifyq migrate``: brings the database schema up to date.
 
 Each numbered file of ``sql/`` runs once, in its own transaction, and is recorded with its
-checksum in ``notifyq.migrations``. A session-level advisory lock serialises concurrent runs, so
-two processes starting at once apply each file exactly once. Migrations connect as every
+checksum in ``notifyq.migrations``. Each of those transactions takes a transaction-level
+advisory lock and looks again at what is applied, so two processes starting at once apply each
+file exactly once; no lock outlives its transaction, so it works the same through a
+transaction-mode pooler (PgBouncer), where a session's lock would stay behind on a server
+connection that the next client gets. Migrations connect as every
 connection does (:func:`notifyq.db.connect`), with a search_path of ``pg_catalog`` only, so a
 migration names the schema of everything it creates or calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import psycopg
 
@@ -51,21 +55,55 @@ async def migrate(
             raise MigrationError(
                 f"notifyq needs PostgreSQL 13 or newer; this server is {conn.info.server_version}"
             )
-        await conn.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK])
-        try:
-            applied = await _apply_missing(conn, load_migrations(), say)
+        applied = await _apply_missing(conn, load_migrations(), say)
+        async with _locked(conn):
             await _store_settings(conn, settings)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
     return applied
 
 
 async def _apply_missing(
     conn: psycopg.AsyncConnection, migrations: list[Migration], say: Callable[[str], None]
 ) -> list[Migration]:
-    await conn.execute(_BOOTSTRAP)
+    async with _locked(conn):
+        await conn.execute(_BOOTSTRAP)
+        _check_applied(await _applied(conn), migrations)
+    applied = []
+    for migration in migrations:
+        async with _locked(conn):
+            if migration.version in await _applied(conn):
+                continue  # there before, or applied by another process meanwhile
+            say(f"applying migration {migration.version:03d}_{migration.name}")
+            try:
+                await conn.execute(migration.sql.encode())
+                await conn.execute(
+                    "INSERT INTO notifyq.migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                    [migration.version, migration.name, migration.checksum],
+                )
+            except psycopg.Error as exc:
+                raise MigrationError(
+                    f"migration {migration.version:03d}_{migration.name}.sql failed: "
+                    f"{first_line(exc)}"
+                ) from exc
+        applied.append(migration)
+    return applied
+
+
+@contextlib.asynccontextmanager
+async def _locked(conn: psycopg.AsyncConnection) -> AsyncIterator[None]:
+    """A transaction that holds the migration lock. No statement timeout in it (a migration
+    may rewrite a large table): SET LOCAL, which a pooler that drops startup options keeps."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL statement_timeout = 0")
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", [MIGRATION_LOCK])
+        yield
+
+
+async def _applied(conn: psycopg.AsyncConnection) -> dict[int, str]:
     cursor = await conn.execute("SELECT version, checksum FROM notifyq.migrations")
-    done = {version: checksum for version, checksum in await cursor.fetchall()}
+    return {version: checksum for version, checksum in await cursor.fetchall()}
+
+
+def _check_applied(done: dict[int, str], migrations: list[Migration]) -> None:
     known = {migration.version for migration in migrations}
     unknown = sorted(set(done) - known)
     if unknown:
@@ -73,30 +111,13 @@ async def _apply_missing(
             f"the database has migrations {unknown} that this notifyq does not know: "
             "it was migrated by a newer version; upgrade notifyq"
         )
-    applied = []
     for migration in migrations:
-        if migration.version in done:
-            if done[migration.version] != migration.checksum:
-                raise MigrationError(
-                    f"migration {migration.version:03d}_{migration.name}.sql changed after it "
-                    "was applied to this database (a development version of notifyq?); "
-                    "start afresh with `notifyq dev --reset` (embedded) or a new database"
-                )
-            continue
-        say(f"applying migration {migration.version:03d}_{migration.name}")
-        try:
-            async with conn.transaction():
-                await conn.execute(migration.sql.encode())
-                await conn.execute(
-                    "INSERT INTO notifyq.migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                    [migration.version, migration.name, migration.checksum],
-                )
-        except psycopg.Error as exc:
+        if migration.version in done and done[migration.version] != migration.checksum:
             raise MigrationError(
-                f"migration {migration.version:03d}_{migration.name}.sql failed: {first_line(exc)}"
-            ) from exc
-        applied.append(migration)
-    return applied
+                f"migration {migration.version:03d}_{migration.name}.sql changed after it "
+                "was applied to this database (a development version of notifyq?); "
+                "start afresh with `notifyq dev --reset` (embedded) or a new database"
+            )
 
 
 async def _store_settings(conn: psycopg.AsyncConnection, settings: Settings) -> None:

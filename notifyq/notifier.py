@@ -11,6 +11,7 @@ TCP connection cannot pass for a quiet one.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,14 @@ CHANNEL = "notifyq"
 CANCEL_CHANNEL = "notifyq_cancel"
 #: The job whose id is the payload changed, and someone watches it (see notifyq.watching).
 JOB_CHANNEL = "notifyq_job"
+#: A listener's proof, at each (re)connect, that notifications reach it.
+PROBE_CHANNEL = "notifyq_probe"
+
+_POOLED = (
+    "it goes through a transaction-mode pooler (PgBouncer, Supavisor), which accepts LISTEN "
+    "and then hands the server connection to other clients; point NOTIFYQ_LISTEN_URL at the "
+    "server directly or at a session-mode pool"
+)
 
 
 class Listener:
@@ -45,6 +54,7 @@ class Listener:
         channels: Sequence[str] = (CHANNEL, CANCEL_CHANNEL),
         connect_kwargs: dict[str, Any],
         probe_interval: float = 5.0,
+        probe_wait: float = 3.0,
         max_backoff: float = 2.0,
     ) -> None:
         self._url = url
@@ -55,6 +65,8 @@ class Listener:
         # a search_path that no other role can write to.
         self._kwargs["options"] = "-c search_path=pg_catalog,pg_temp"
         self._probe_interval = probe_interval
+        #: Seconds a connect waits for its own notification to come back (see _prove_delivery).
+        self._probe_wait = probe_wait
         self._max_backoff = max_backoff
         self.connected = False
         self.reconnects = 0
@@ -123,22 +135,48 @@ class Listener:
         )
         row = await cursor.fetchone()
         if not row or not set(self._handlers) <= set(row[0] or ()):
-            # Transaction-mode poolers accept LISTEN and silently forget it.
-            raise ConfigurationError(
-                "LISTEN did not take effect on this connection: it goes through a "
-                "transaction-mode pooler; point NOTIFYQ_LISTEN_URL at the server directly "
-                "or at a session-mode pool"
-            )
+            raise ConfigurationError(f"LISTEN did not take effect on this connection: {_POOLED}")
+        await self._prove_delivery(conn)
         self.connected = True
         self.last_seen = time.monotonic()
+
+    async def _prove_delivery(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Sends a notification from another connection and waits for it here. Behind a
+        transaction-mode pooler the LISTEN above, and the look at pg_listening_channels(),
+        may both have run on a server connection that is now another client's: only a
+        notification that arrives while this connection is idle proves it listens."""
+        token = secrets.token_hex(8)
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
+        try:
+            other = await psycopg.AsyncConnection.connect(
+                self._url, **{**self._kwargs, "application_name": "notifyq-listener-probe"}
+            )
+            async with other:
+                await other.execute("SELECT pg_catalog.pg_notify(%s, %s)", [PROBE_CHANNEL, token])
+            deadline = time.monotonic() + self._probe_wait
+            while (left := deadline - time.monotonic()) > 0:
+                async for notify in conn.notifies(timeout=left):
+                    if notify.channel != PROBE_CHANNEL:
+                        self._dispatch(notify)
+                    elif notify.payload == token:
+                        return
+            raise ConfigurationError(
+                f"a notification sent to this LISTEN connection did not arrive within "
+                f"{self._probe_wait:g} s: {_POOLED}"
+            )
+        finally:
+            await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
+
+    def _dispatch(self, notify: psycopg.Notify) -> None:
+        self.notifications += 1
+        self.last_seen = time.monotonic()
+        for handler in self._handlers.get(notify.channel, ()):
+            handler(notify.payload)
 
     async def _receive(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
             async for notify in conn.notifies(timeout=self._probe_interval):
-                self.notifications += 1
-                self.last_seen = time.monotonic()
-                for handler in self._handlers.get(notify.channel, ()):
-                    handler(notify.payload)
+                self._dispatch(notify)
             # Quiet for a probe interval: make sure the connection is still alive. A dead peer
             # makes this fail (keepalives bound the wait) instead of waiting forever.
             with anyio.fail_after(self._probe_interval + 5):

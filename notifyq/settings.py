@@ -56,6 +56,13 @@ class Settings(BaseSettings):
         description="URL for the LISTEN connection when the pool goes through a transaction-mode "
         "pooler (PgBouncer, Supavisor) that drops LISTEN; defaults to database_url.",
     )
+    pooler: Literal["auto", "none", "transaction"] = Field(
+        default="auto",
+        description="What DATABASE_URL goes through: `transaction` for a transaction-mode pooler "
+        "(PgBouncer, Supavisor: no prepared statements on its connections), `none` for the "
+        "server or a session-mode pool; `auto` means `transaction` when NOTIFYQ_LISTEN_URL "
+        "is set to another URL.",
+    )
     imports: CommaList = Field(
         default_factory=list,
         validation_alias=AliasChoices("NOTIFYQ_IMPORT", "imports"),
@@ -227,6 +234,13 @@ class Settings(BaseSettings):
     def heartbeat(self) -> float:
         """Seconds between lease renewals."""
         return self.heartbeat_interval or self.lease_seconds / 4
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """Whether DATABASE_URL goes through a transaction-mode pooler (see ``pooler``)."""
+        if self.pooler == "auto":
+            return bool(self.listen_url) and self.listen_url != self.database_url
+        return self.pooler == "transaction"
 
     @property
     def query_timeout(self) -> float:

@@ -25,7 +25,7 @@ from notifyq.api.deps import documented_guard
 from notifyq.api.routes import events, jobs, ops, queues, workflows
 from notifyq.api.schemas import ErrorOut
 from notifyq.bootstrap import require_database
-from notifyq.db import connect_kwargs, database_url, open_pool
+from notifyq.db import connect_kwargs, listen_url, open_pool
 from notifyq.errors import ConfigurationError, DatabaseUnavailable
 from notifyq.metrics import Metrics
 from notifyq.migrations import migrate
@@ -149,7 +149,7 @@ def _listener(settings: Settings) -> Listener:
     """The process's LISTEN connection: the event streams' channel, and the worker's."""
     channels = (JOB_CHANNEL, CHANNEL, CANCEL_CHANNEL) if settings.run_worker else (JOB_CHANNEL,)
     return Listener(
-        database_url(settings),
+        listen_url(settings),
         channels=channels,
         connect_kwargs=connect_kwargs(settings, "notifyq-listener"),
     )

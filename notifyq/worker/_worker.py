@@ -20,7 +20,7 @@ import psycopg
 from anyio.abc import TaskStatus
 
 from notifyq.builtins import worker_registry
-from notifyq.db import connect_kwargs, connect_sync, database_url, open_pool
+from notifyq.db import connect_kwargs, connect_sync, listen_url, open_pool
 from notifyq.errors import NotifyQError
 from notifyq.metrics import Metrics
 from notifyq.models import TaskRegistration
@@ -289,7 +289,7 @@ class Worker:
             return self.listener, False
         s = self.settings
         self.listener = Listener(
-            s.listen_url or database_url(s),
+            listen_url(s),
             connect_kwargs=connect_kwargs(s, "notifyq-listener"),
             probe_interval=min(s.poll_interval, 5.0),
         )
