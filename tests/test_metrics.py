@@ -4,17 +4,22 @@ send (the contract's "Safe by default"), and rendering does not hold up the even
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
 import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 import anyio
 import anyio.to_thread
 import httpx
+import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
+from notifyq import JobContext, Snooze
 from notifyq.api import create_app
 from notifyq.metrics import MAX_QUEUES, OTHER, Metrics
 from notifyq.settings import Settings
@@ -124,3 +129,46 @@ async def test_rendering_does_not_block_the_event_loop(settings: Settings) -> No
             blocking.loop_answered.set()
     assert health.status_code == 200
     assert blocking.loop_was_free is True
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (apt-get install prometheus) to check")
+async def test_the_metrics_pass_promtool(settings: Settings, conn: Any) -> None:
+    """What a worker and the API expose, after real traffic (jobs completed, retried, failed,
+    snoozed; submissions accepted and refused), passes Prometheus's own checker, lint
+    included."""
+    snoozed: set[UUID] = set()
+
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> None:
+        if payload["n"] % 3 == 0:
+            raise RuntimeError("boom")
+        if payload["n"] % 3 == 1 and ctx.job_id not in snoozed:
+            snoozed.add(ctx.job_id)
+            raise Snooze(0)
+
+    async with api(settings) as (_, client):
+        for n in range(12):
+            answer = await client.post(
+                "/jobs", json={"task": "flaky", "payload": {"n": n}, "max_attempts": 2}
+            )
+            assert answer.status_code == 201
+        assert (await client.post("/jobs", json={"task": 1})).status_code == 422
+        metrics = Metrics()
+        await Worker(settings, registry(flaky=flaky), burst=True, metrics=metrics).run()
+        exposed = {"api": (await client.get("/metrics")).content, "worker": metrics.render()}
+    for name in ("notifyq_jobs_retried_total", "notifyq_jobs_snoozed_total"):
+        assert samples(exposed["worker"].decode(), name), name
+    for who, text in exposed.items():
+        assert PROMTOOL is not None
+        checked = await anyio.to_thread.run_sync(
+            lambda text=text: subprocess.run(
+                [PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=30
+            )
+        )
+        assert checked.returncode == 0 and not checked.stdout.strip(), (
+            who,
+            checked.stdout.decode(),
+            checked.stderr.decode(),
+        )
