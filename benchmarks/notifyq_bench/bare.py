@@ -84,7 +84,7 @@ CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued' AND NOT group_blocke
 CREATE INDEX ON bench.jobs (lease_expires_at NULLS FIRST) WHERE status = 'processing';
 CREATE UNIQUE INDEX ON bench.jobs (queue, dedup_key)
     WHERE status IN ('waiting', 'queued') AND dedup_key IS NOT NULL;
-CREATE INDEX ON bench.jobs USING gin (depends_on)
+CREATE INDEX ON bench.jobs USING gin (depends_on) WITH (fastupdate = off)
     WHERE status IN ('waiting', 'queued') AND depends_on <> '{}';
 CREATE INDEX ON bench.jobs (queue, group_key, group_seq)
     WHERE group_key IS NOT NULL AND status IN ('waiting', 'queued', 'processing');
