@@ -5,13 +5,16 @@ An INSERT into ``notifyq.jobs`` notifies listening workers, which claim work wit
 
 Public names::
 
-    from notifyq import task, Queue
+    from notifyq import task, Queue, SyncQueue
 
     @task
     async def resize(payload: dict) -> dict: ...
 
     async with Queue("postgresql://...") as q:
         result = await q.enqueue("resize", {"path": "a.png"})
+
+    with SyncQueue("postgresql://...") as q:      # blocking, for threads and sync views
+        result = q.enqueue("resize", {"path": "a.png"})
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "Queue",
     "Settings",
     "Snooze",
+    "SyncQueue",
     "TaskError",
     "Worker",
     "WorkflowResult",
@@ -70,6 +74,7 @@ if TYPE_CHECKING:
     from notifyq.models import EnqueueResult, Job, JobSpec, JobStatus
     from notifyq.retry import Backoff, CircuitBreaker
     from notifyq.settings import Settings
+    from notifyq.sync_client import SyncQueue
     from notifyq.tasks import periodic, task
     from notifyq.worker import Worker
     from notifyq.workflows import WorkflowResult, chain, chord, group, step
@@ -77,6 +82,7 @@ if TYPE_CHECKING:
 _LOCATIONS = {
     "create_app": "notifyq.api",
     "Queue": "notifyq.client",
+    "SyncQueue": "notifyq.sync_client",
     "Worker": "notifyq.worker",
     "Settings": "notifyq.settings",
     "task": "notifyq.tasks",

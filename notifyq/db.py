@@ -2,10 +2,10 @@
 psycopg's connection errors become :class:`~notifyq.errors.DatabaseUnavailable`.
 
 Every connection notifyq opens is built here, from the settings and a purpose (its
-``application_name``): :func:`open_pool` for queries, :func:`connect` and :func:`connect_sync`
-for one connection of their own (migrations, the schema check, grants, a last write before a
-hard exit), all with the options of :func:`connect_kwargs`. The listener takes those options
-too (:mod:`notifyq.notifier`)."""
+``application_name``): :func:`open_pool` for queries (:func:`open_sync_pool` for blocking code),
+:func:`connect` and :func:`connect_sync` for one connection of their own (migrations, the schema
+check, grants, a last write before a hard exit), all with the options of
+:func:`connect_kwargs`. The listener takes those options too (:mod:`notifyq.notifier`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from psycopg.abc import AdaptContext, Buffer, Loader
 from psycopg.adapt import AdaptersMap
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from notifyq.errors import (
@@ -338,6 +338,33 @@ async def open_pool(
         await pool.close()
 
 
+def open_sync_pool(
+    settings: Settings, *, name: str, min_size: int = 1, max_size: int | None = None
+) -> ConnectionPool:
+    """:func:`open_pool` for blocking code (``notifyq.SyncQueue``): an open pool, which the
+    caller closes. It must connect within the connect timeout, or DatabaseUnavailable is raised,
+    saying why."""
+    url = database_url(settings)
+    application_name = f"notifyq-{name}"
+    connect_sync(settings, application_name).close()
+    pool: ConnectionPool = _SyncPool(
+        url,
+        kwargs=connect_kwargs(settings, application_name),
+        min_size=min_size,
+        max_size=max_size or max(min_size, settings.pool_size),
+        open=False,
+        name=application_name,
+        timeout=settings.connect_wait,
+    )
+    try:
+        pool.open(wait=True, timeout=settings.connect_wait + 1)
+    except PoolTimeout as exc:
+        pool.close()
+        connect_sync(settings, application_name).close()
+        raise _unreachable(url, "timed out") from exc
+    return pool
+
+
 async def _connect_once(settings: Settings, application_name: str) -> None:
     """Opens and closes one connection; raises DatabaseUnavailable, saying why, if it fails."""
     conn = await connect(settings, application_name)
@@ -368,3 +395,12 @@ class _Pool(AsyncConnectionPool):
         if attempt is None:
             attempt = _CappedAttempt(timeout=self.reconnect_timeout)
         await super()._add_connection(attempt, growing)
+
+
+class _SyncPool(ConnectionPool):
+    """:class:`_Pool` for blocking code."""
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        if attempt is None:
+            attempt = _CappedAttempt(timeout=self.reconnect_timeout)
+        super()._add_connection(attempt, growing)

@@ -5,7 +5,8 @@ It works on a connection pool, or on a connection the caller passes (to enqueue 
 caller's own transaction). Rows come typed from psycopg row factories; every driver error
 leaves as one of notifyq's (:mod:`notifyq.errors`): a lost connection as
 :class:`~notifyq.errors.DatabaseUnavailable`, the rest as a
-:class:`~notifyq.errors.DatabaseError`.
+:class:`~notifyq.errors.DatabaseError`. :class:`SyncStore` runs a producer's statements (enqueue,
+read, watch) for blocking code.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 from notifyq.store._managing import Managing
 from notifyq.store._runner import WRITE_CHUNK
 from notifyq.store._submit import ENQUEUE_CHUNK, Submitting
+from notifyq.store._sync import SyncStore
 from notifyq.store._working import Working
 
-__all__ = ["ENQUEUE_CHUNK", "WRITE_CHUNK", "Store"]
+__all__ = ["ENQUEUE_CHUNK", "WRITE_CHUNK", "Store", "SyncStore"]
 
 
 class Store(Submitting, Managing, Working):

@@ -158,12 +158,25 @@ class Runner:
                 try:
                     async with self._pool.connection() as pooled:
                         return await on(pooled)
-                except psycopg.errors.TransactionRollback:
-                    if attempt < ROLLBACK_TRIES:
-                        continue
-                    raise
-                except psycopg.OperationalError:
-                    if attempt < tries and pooled is not None and pooled.broken:
+                except psycopg.Error as exc:
+                    if run_again(exc, attempt, tries, pooled):
                         continue
                     raise
         raise AssertionError("unreachable")
+
+
+def run_again(
+    exc: psycopg.Error,
+    attempt: int,
+    tries: int,
+    pooled: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None,
+) -> bool:
+    """Whether a statement that failed with ``exc`` on a pooled connection (its ``attempt``-th
+    run of at most ``tries``) is run again on another one: it never took effect, because
+    PostgreSQL rolled it back to break a deadlock (up to ROLLBACK_TRIES runs), or because the
+    server had closed the connection while it sat idle in the pool."""
+    if isinstance(exc, psycopg.errors.TransactionRollback):
+        return attempt < ROLLBACK_TRIES
+    if isinstance(exc, psycopg.OperationalError):
+        return attempt < tries and pooled is not None and pooled.broken
+    return False

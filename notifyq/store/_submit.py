@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from itertools import count, islice
 from typing import Any
@@ -17,7 +17,8 @@ from notifyq.store._runner import Conn, Runner
 #: x1.35 as fast as one statement did; smaller chunks added statements for no gain.
 ENQUEUE_CHUNK = 250
 
-_RESULT = kwargs_row(EnqueueResult.of)
+#: The row factory of the enqueue statements.
+RESULT = kwargs_row(EnqueueResult.of)
 
 
 class Submitting(Runner):
@@ -25,11 +26,8 @@ class Submitting(Runner):
 
     async def enqueue(self, spec: JobSpec, *, conn: Conn | None = None) -> EnqueueResult:
         """Enqueues one job with the duplicate rule; in ``conn``'s transaction when given."""
-        params = _spec_params(spec) | {"fallback": self._default_max_attempts}
-        # Without a dedup key, a task to resolve in SQL, dependencies or a group, a plain INSERT
-        # does it.
-        query = "enqueue_plain" if spec.plain else "enqueue"
-        result = await self._one(query, params, _RESULT, what="enqueue", conn=conn)
+        query, params = enqueue_statement(spec, self._default_max_attempts)
+        result = await self._one(query, params, RESULT, what="enqueue", conn=conn)
         assert result is not None, "an enqueue answers a row"
         return result
 
@@ -43,78 +41,116 @@ class Submitting(Runner):
         Up to ENQUEUE_CHUNK jobs go as one statement. A larger batch goes as one statement per
         chunk, in one pipeline: each chunk is sent as soon as ``specs`` has yielded it, so that
         PostgreSQL inserts it while the next one is validated and encoded."""
-        pending = iter(specs)
-        chunks = [list(islice(pending, ENQUEUE_CHUNK))]
-        if not chunks[0]:
+        batch = Batch(specs, self._default_max_attempts)
+        if batch.empty:
             return []
-        if len(chunks[0]) < ENQUEUE_CHUNK:
-            name, params = self._many_statement(chunks[0])
+        if batch.small:
+            name, chunk, params = batch.first()
             rows = await self._all(name, params, tuple_row, what="enqueue", conn=conn)
-            return _many_results(name, chunks[0], rows)
+            return many_results(name, chunk, rows)
 
         async def on(c: Conn) -> list[EnqueueResult]:
-            # The chunks taken so far are kept, so that a retry on another connection sends
-            # them again before taking more.
             sent = []
             async with c.transaction(), c.pipeline():
-                for index in count():
-                    if index == len(chunks):
-                        chunk = list(islice(pending, ENQUEUE_CHUNK))
-                        if not chunk:
-                            break
-                        chunks.append(chunk)
-                    name, params = self._many_statement(chunks[index])
+                for name, chunk, params in batch.statements():
                     cursor = c.cursor(row_factory=tuple_row)
                     await cursor.execute(self._q[name], params)
-                    sent.append((name, chunks[index], cursor))
+                    sent.append((name, chunk, cursor))
                 results = []
                 for name, chunk, cursor in sent:
-                    results += _many_results(name, chunk, await cursor.fetchall())
+                    results += many_results(name, chunk, await cursor.fetchall())
             return results
 
         return await self._on_connection(on, what="enqueue", conn=conn)
 
-    def _many_statement(self, specs: list[JobSpec]) -> tuple[str, dict[str, Any]]:
-        """The query that enqueues ``specs`` (see :func:`_many_results`), and its
-        parameters."""
-        tasks = [s.task for s in specs]
-        payloads = [s.payload_json for s in specs]
-        queues = [s.queue for s in specs]
-        priorities = [s.priority for s in specs]
-        run_ats = [s.run_at for s in specs]
-        max_attempts = [s.max_attempts for s in specs]
-        dedup_keys = [s.dedup_key for s in specs]
-        if not all(s.plain for s in specs):
-            return "enqueue_many", {
-                "tasks": tasks,
-                "payloads": payloads,
-                "queues": queues,
-                "priorities": priorities,
-                "run_ats": run_ats,
-                "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
-                "dedup_keys": dedup_keys,
-                "max_attempts": max_attempts,
-                "fallback": self._default_max_attempts,
-                "depends_on": _sparse([_array_text(s.depends_on) for s in specs]),
-                "group_keys": _sparse([s.group_key for s in specs]),
-                "workflow_ids": _sparse([s.workflow_id for s in specs]),
-                "ids": _sparse([s.id for s in specs]),
-            }
-        # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
-        # the ids in input order. A column that no job sets goes as one NULL.
-        return "enqueue_many_plain", {
+
+class Batch:
+    """The statements of one ``enqueue_many``: the specs taken ENQUEUE_CHUNK at a time, as
+    they are sent, and kept, so that a retry on another connection sends the chunks taken so
+    far again before taking more."""
+
+    def __init__(self, specs: Iterable[JobSpec], fallback: int | None) -> None:
+        self._pending = iter(specs)
+        self._fallback = fallback
+        #: The chunks taken so far (the first one at once).
+        self.chunks = [list(islice(self._pending, ENQUEUE_CHUNK))]
+
+    @property
+    def empty(self) -> bool:
+        """Whether there is no job at all."""
+        return not self.chunks[0]
+
+    @property
+    def small(self) -> bool:
+        """Whether the jobs fit in one chunk: one statement, no pipeline."""
+        return len(self.chunks[0]) < ENQUEUE_CHUNK
+
+    def first(self) -> tuple[str, list[JobSpec], dict[str, Any]]:
+        """The first chunk's query name, jobs and parameters."""
+        return next(self.statements())
+
+    def statements(self) -> Iterator[tuple[str, list[JobSpec], dict[str, Any]]]:
+        """Each chunk's query name, jobs and parameters, in order, taking more specs as
+        needed."""
+        for index in count():
+            if index == len(self.chunks):
+                chunk = list(islice(self._pending, ENQUEUE_CHUNK))
+                if not chunk:
+                    return
+                self.chunks.append(chunk)
+            name, params = many_statement(self.chunks[index], self._fallback)
+            yield name, self.chunks[index], params
+
+
+def enqueue_statement(spec: JobSpec, fallback: int | None) -> tuple[str, dict[str, Any]]:
+    """The query that enqueues one job, and its parameters: a plain INSERT without a dedup key,
+    a task to resolve in SQL, dependencies or a group; else ``notifyq.enqueue_v3``.
+    ``fallback`` is the max_attempts of a job whose submission and task set none."""
+    query = "enqueue_plain" if spec.plain else "enqueue"
+    return query, _spec_params(spec) | {"fallback": fallback}
+
+
+def many_statement(specs: list[JobSpec], fallback: int | None) -> tuple[str, dict[str, Any]]:
+    """The query that enqueues ``specs`` in one statement (see :func:`many_results`), and its
+    parameters."""
+    tasks = [s.task for s in specs]
+    payloads = [s.payload_json for s in specs]
+    queues = [s.queue for s in specs]
+    priorities = [s.priority for s in specs]
+    run_ats = [s.run_at for s in specs]
+    max_attempts = [s.max_attempts for s in specs]
+    dedup_keys = [s.dedup_key for s in specs]
+    if not all(s.plain for s in specs):
+        return "enqueue_many", {
             "tasks": tasks,
             "payloads": payloads,
-            "queues": _sparse(queues),
-            "priorities": _sparse(priorities),
-            "run_ats": _sparse(run_ats),
-            "delays": _sparse([s.delay for s in specs]),
-            "max_attempts": _sparse(max_attempts),
-            "fallback": self._default_max_attempts,
+            "queues": queues,
+            "priorities": priorities,
+            "run_ats": run_ats,
+            "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
+            "dedup_keys": dedup_keys,
+            "max_attempts": max_attempts,
+            "fallback": fallback,
+            "depends_on": _sparse([_array_text(s.depends_on) for s in specs]),
+            "group_keys": _sparse([s.group_key for s in specs]),
+            "workflow_ids": _sparse([s.workflow_id for s in specs]),
+            "ids": _sparse([s.id for s in specs]),
         }
+    # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
+    # the ids in input order. A column that no job sets goes as one NULL.
+    return "enqueue_many_plain", {
+        "tasks": tasks,
+        "payloads": payloads,
+        "queues": _sparse(queues),
+        "priorities": _sparse(priorities),
+        "run_ats": _sparse(run_ats),
+        "delays": _sparse([s.delay for s in specs]),
+        "max_attempts": _sparse(max_attempts),
+        "fallback": fallback,
+    }
 
 
-def _many_results(query: str, specs: list[JobSpec], rows: list[Any]) -> list[EnqueueResult]:
+def many_results(query: str, specs: list[JobSpec], rows: list[Any]) -> list[EnqueueResult]:
     """The results of ``specs``, from the rows of the statement that enqueued them: one per job
     (enqueue_many: ord, job_id, duplicate, status, run_at, created_at), or one for them all
     (enqueue_many_plain: now, count, ids in input order)."""
