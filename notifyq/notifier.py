@@ -35,7 +35,10 @@ JOB_CHANNEL = "notifyq_job"
 #: A listener's proof, at each (re)connect, that notifications reach it.
 PROBE_CHANNEL = "notifyq_probe"
 
-_POOLED = (
+#: Seconds a listener waits for its own probe to come back.
+PROBE_WAIT = 3.0
+#: Why a LISTEN connection hears nothing, and what to do.
+POOLED = (
     "it goes through a transaction-mode pooler (PgBouncer, Supavisor), which accepts LISTEN "
     "and then hands the server connection to other clients; point NOTIFYQ_LISTEN_URL at the "
     "server directly or at a session-mode pool"
@@ -54,7 +57,7 @@ class Listener:
         channels: Sequence[str] = (CHANNEL, CANCEL_CHANNEL),
         connect_kwargs: dict[str, Any],
         probe_interval: float = 5.0,
-        probe_wait: float = 3.0,
+        probe_wait: float = PROBE_WAIT,
         max_backoff: float = 2.0,
     ) -> None:
         self._url = url
@@ -135,7 +138,7 @@ class Listener:
         )
         row = await cursor.fetchone()
         if not row or not set(self._handlers) <= set(row[0] or ()):
-            raise ConfigurationError(f"LISTEN did not take effect on this connection: {_POOLED}")
+            raise ConfigurationError(f"LISTEN did not take effect on this connection: {POOLED}")
         await self._prove_delivery(conn)
         self.connected = True
         self.last_seen = time.monotonic()
@@ -162,7 +165,7 @@ class Listener:
                         return
             raise ConfigurationError(
                 f"a notification sent to this LISTEN connection did not arrive within "
-                f"{self._probe_wait:g} s: {_POOLED}"
+                f"{self._probe_wait:g} s: {POOLED}"
             )
         finally:
             await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))

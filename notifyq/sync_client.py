@@ -41,7 +41,7 @@ from notifyq.db import (
 )
 from notifyq.errors import ConfigurationError, DatabaseUnavailable, JobNotFound, NotifyQError
 from notifyq.models import EnqueueResult, Job, JobSpec
-from notifyq.notifier import JOB_CHANNEL
+from notifyq.notifier import JOB_CHANNEL, POOLED, PROBE_CHANNEL, PROBE_WAIT
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import SyncStore
 from notifyq.watching import WATCH_TTL
@@ -445,12 +445,31 @@ class _Waits:
             "SELECT pg_catalog.array_agg(c) FROM pg_catalog.pg_listening_channels() AS c"
         ).fetchone()
         if not row or JOB_CHANNEL not in (row[0] or ()):
-            # Transaction-mode poolers accept LISTEN and silently forget it.
+            raise ConfigurationError(f"LISTEN did not take effect on this connection: {POOLED}")
+        self._prove_delivery(conn)
+
+    def _prove_delivery(self, conn: psycopg.Connection[Any]) -> None:
+        """notifyq.notifier.Listener's proof that notifications reach this connection: one
+        sent from another connection must arrive while this one is idle."""
+        token = secrets.token_hex(8)
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
+        try:
+            kwargs = {**self._kwargs, "application_name": "notifyq-listener-probe"}
+            with psycopg.Connection.connect(self._url, **kwargs) as other:
+                other.execute("SELECT pg_catalog.pg_notify(%s, %s)", [PROBE_CHANNEL, token])
+            deadline = time.monotonic() + PROBE_WAIT
+            while (left := deadline - time.monotonic()) > 0:
+                for notify in conn.notifies(timeout=left):
+                    if notify.channel != PROBE_CHANNEL:
+                        self._notified(notify.payload)
+                    elif notify.payload == token:
+                        return
             raise ConfigurationError(
-                "LISTEN did not take effect on this connection: it goes through a "
-                "transaction-mode pooler; point NOTIFYQ_LISTEN_URL at the server directly "
-                "or at a session-mode pool"
+                f"a notification sent to this LISTEN connection did not arrive within "
+                f"{PROBE_WAIT:g} s: {POOLED}"
             )
+        finally:
+            conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
 
     def _receive(self, conn: psycopg.Connection[Any]) -> None:
         """Hands notifications to the waiters until stopped; refreshes the watch rows every

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import httpx
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from notifyq import Queue
+from notifyq import Queue, SyncQueue
 from notifyq.api import create_app
 from notifyq.db import connect_kwargs
 from notifyq.errors import ConfigurationError, DatabaseUnavailable
@@ -268,3 +269,20 @@ async def test_a_pgbouncer_that_refuses_the_startup_options_is_named(
         with pytest.raises(DatabaseUnavailable, match="ignore_startup_parameters"):
             async with Queue(settings=strict) as q:
                 await q.enqueue("echo", {})
+
+
+async def test_the_sync_queue_through_pgbouncer(pooled: Settings) -> None:
+    def enqueue_and_wait(settings: Settings) -> list[Any]:
+        with SyncQueue(settings=settings) as q:
+            return [
+                q.wait(q.enqueue("echo", {"n": n}, priority=n % 3).job_id, timeout=10).result
+                for n in range(12)
+            ]
+
+    async with running_worker(pooled):
+        results = await anyio.to_thread.run_sync(enqueue_and_wait, pooled)
+    assert results == [{"n": n} for n in range(12)]
+    # Its LISTEN through the pooler is refused too, naming the pooler.
+    lone = pooled.model_copy(update={"listen_url": None, "pooler": "transaction"})
+    with pytest.raises(ConfigurationError, match="transaction-mode pooler"):
+        await anyio.to_thread.run_sync(enqueue_and_wait, lone)
