@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg import adapt, pq
 from psycopg.abc import AdaptContext, Buffer, Loader
@@ -66,6 +67,29 @@ def database_url(settings: Settings) -> str:
             "its URL)"
         )
     return settings.database_url
+
+
+async def open_connection(url: str, **kwargs: Any) -> psycopg.AsyncConnection[TupleRow]:
+    """``psycopg.AsyncConnection.connect``, shielded from cancellation (the connect timeout
+    bounds it): a task cancelled while psycopg builds the connection would drop one that is
+    open, for the garbage collector to find. Cancelled meanwhile, the caller's ``async with``
+    closes it at its first await."""
+    with anyio.CancelScope(shield=True):
+        conn = await psycopg.AsyncConnection.connect(url, **kwargs)
+    return conn
+
+
+@contextlib.asynccontextmanager
+async def closing(
+    conn: psycopg.AsyncConnection[TupleRow],
+) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+    """Closes an autocommit connection on exit, cancelled or not. (psycopg's own ``async
+    with`` first rolls back, which awaits: a cancelled task skips the close there.)"""
+    try:
+        yield conn
+    finally:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
 
 
 def listen_url(settings: Settings) -> str:
@@ -135,7 +159,7 @@ async def connect(
         connect_timeout=connect_timeout,
     )
     try:
-        return await psycopg.AsyncConnection.connect(url, **options)
+        return await open_connection(url, **options)
     except psycopg.Error as exc:
         raise _unreachable(url, first_line(exc)) from exc
 

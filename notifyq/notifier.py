@@ -10,6 +10,7 @@ TCP connection cannot pass for a quiet one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
@@ -21,7 +22,7 @@ import psycopg
 from anyio.abc import TaskStatus
 from psycopg import sql
 
-from notifyq.db import first_line, is_connection_error, redact
+from notifyq.db import closing, first_line, is_connection_error, open_connection, redact
 from notifyq.errors import ConfigurationError, DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class Listener:
         backoff = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self._url, **self._kwargs)
+                conn = await open_connection(self._url, **self._kwargs)
             except psycopg.OperationalError as exc:
                 if not started:
                     raise DatabaseUnavailable(
@@ -111,7 +112,7 @@ class Listener:
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
             try:
-                async with conn:
+                async with closing(conn):
                     await self._listen(conn)
                     backoff = 0.1
                     if started:
@@ -151,18 +152,20 @@ class Listener:
         token = secrets.token_hex(8)
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
         try:
-            other = await psycopg.AsyncConnection.connect(
+            other = await open_connection(
                 self._url, **{**self._kwargs, "application_name": "notifyq-listener-probe"}
             )
-            async with other:
+            async with closing(other):
                 await other.execute("SELECT pg_catalog.pg_notify(%s, %s)", [PROBE_CHANNEL, token])
             deadline = time.monotonic() + self._probe_wait
             while (left := deadline - time.monotonic()) > 0:
-                async for notify in conn.notifies(timeout=left):
-                    if notify.channel != PROBE_CHANNEL:
-                        self._dispatch(notify)
-                    elif notify.payload == token:
-                        return
+                # Closed at once when left early: the generator holds the connection's lock.
+                async with contextlib.aclosing(conn.notifies(timeout=left)) as arrived:
+                    async for notify in arrived:
+                        if notify.channel != PROBE_CHANNEL:
+                            self._dispatch(notify)
+                        elif notify.payload == token:
+                            return
             raise ConfigurationError(
                 f"a notification sent to this LISTEN connection did not arrive within "
                 f"{self._probe_wait:g} s: {POOLED}"

@@ -459,11 +459,13 @@ class _Waits:
                 other.execute("SELECT pg_catalog.pg_notify(%s, %s)", [PROBE_CHANNEL, token])
             deadline = time.monotonic() + PROBE_WAIT
             while (left := deadline - time.monotonic()) > 0:
-                for notify in conn.notifies(timeout=left):
-                    if notify.channel != PROBE_CHANNEL:
-                        self._notified(notify.payload)
-                    elif notify.payload == token:
-                        return
+                # Closed at once when left early: the generator holds the connection's lock.
+                with contextlib.closing(conn.notifies(timeout=left)) as arrived:
+                    for notify in arrived:
+                        if notify.channel != PROBE_CHANNEL:
+                            self._notified(notify.payload)
+                        elif notify.payload == token:
+                            return
             raise ConfigurationError(
                 f"a notification sent to this LISTEN connection did not arrive within "
                 f"{PROBE_WAIT:g} s: {POOLED}"
