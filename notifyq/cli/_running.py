@@ -82,7 +82,7 @@ def worker(args: WorkerArgs, settings: Settings) -> int:
     # migrates.
     _prepare_tasks(settings)
     registry = _registry(settings)
-    metrics = _serve_metrics(args.metrics_port, settings.host)
+    metrics = _serve_metrics(args.metrics_port, settings)
 
     async def run() -> None:
         # Built in the event loop, which a worker's parts may need, but before the migration.
@@ -110,17 +110,17 @@ def worker(args: WorkerArgs, settings: Settings) -> int:
     return 0
 
 
-def _serve_metrics(port: int | None, host: str) -> Metrics | None:
+def _serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
     """The worker's metrics, served on ``port`` from now on (None: no port, no metrics)."""
     if port is None:
         return None
-    from prometheus_client import start_http_server
-
     from notifyq.metrics import Metrics
+    from notifyq.metrics_server import serve_metrics
 
     metrics = Metrics()
+    host = settings.host
     try:
-        start_http_server(port, addr=host, registry=metrics.registry)
+        serve_metrics(metrics, settings, host, port)
     except OSError as exc:
         raise Failed(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
     say(f"notifyq: metrics at http://{host}:{port}/metrics")
