@@ -92,6 +92,22 @@ async def test_a_rolled_back_enqueue_leaves_nothing(db_url: str) -> None:
         assert await q.get(result.job_id) is None
 
 
+async def test_a_rolled_back_batch_leaves_nothing_even_as_the_first_statement(
+    db_url: str, conn: Any
+) -> None:
+    # Over one statement's worth of jobs (several chunks in a pipeline), as the first statement
+    # of the caller's transaction: psycopg's transaction() would have committed a block of its
+    # own there, which the caller's rollback would not undo.
+    async with Queue(db_url) as q:
+        async with await psycopg.AsyncConnection.connect(db_url) as mine:
+            await q.enqueue_many([{"task": "echo"}] * 600, conn=mine)
+            await mine.rollback()
+            await q.enqueue_many([{"task": "echo"}] * 300, conn=mine)
+            await mine.commit()
+    cursor = await conn.execute("SELECT count(*) FROM notifyq.jobs")
+    assert await cursor.fetchone() == (300,)
+
+
 async def test_enqueue_many_answers_in_order_with_duplicates(db_url: str, conn: Any) -> None:
     jobs: list[Any] = [{"task": "echo", "payload": {"i": i}, "priority": i % 3} for i in range(500)]
     jobs[10] = {"task": "echo", "payload": {"v": 1}, "dedup_key": "d"}

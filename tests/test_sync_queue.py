@@ -260,6 +260,16 @@ def test_a_rolled_back_enqueue_leaves_nothing(db_url: str) -> None:
     assert scalar(db_url, "SELECT count(*) FROM notifyq.jobs") == 0
 
 
+def test_a_rolled_back_batch_leaves_nothing_even_as_the_first_statement(db_url: str) -> None:
+    # See the same test of Queue in tests/test_client.py.
+    with SyncQueue(db_url) as q, psycopg.connect(db_url) as mine:
+        q.enqueue_many([{"task": "echo"}] * 600, conn=mine)
+        mine.rollback()
+        q.enqueue_many([{"task": "echo"}] * 300, conn=mine)
+        mine.commit()
+    assert scalar(db_url, "SELECT count(*) FROM notifyq.jobs") == 300
+
+
 def test_a_connection_with_client_side_binding_cursors_works(db_url: str) -> None:
     """Django's connections make client-side binding cursors by default (and a connection
     through a transaction-mode pooler may need them): notifyq's statements run on the caller's

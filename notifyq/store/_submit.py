@@ -8,6 +8,8 @@ from itertools import count, islice
 from typing import Any
 from uuid import UUID
 
+import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import kwargs_row, tuple_row
 
 from notifyq.models import EnqueueResult, JobSpec, JobStatus
@@ -51,6 +53,8 @@ class Submitting(Runner):
 
         async def on(c: Conn) -> list[EnqueueResult]:
             sent = []
+            if opens_a_transaction(c):
+                await c.execute("SELECT 1")  # see opens_a_transaction
             async with c.transaction(), c.pipeline():
                 for name, chunk, params in batch.statements():
                     cursor = c.cursor(row_factory=tuple_row)
@@ -62,6 +66,14 @@ class Submitting(Runner):
             return results
 
         return await self._on_connection(on, what="enqueue", conn=conn)
+
+
+def opens_a_transaction(c: psycopg.BaseConnection[Any]) -> bool:
+    """Whether ``c.transaction()`` would begin and commit a transaction of its own: on a
+    caller's connection (not autocommit) before its transaction's first statement. A batch must
+    be a savepoint in the caller's transaction instead, or a rollback of theirs would keep it;
+    any statement begins theirs, as their own next one would."""
+    return not c.autocommit and c.info.transaction_status == TransactionStatus.IDLE
 
 
 class Batch:

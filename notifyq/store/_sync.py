@@ -22,7 +22,13 @@ from notifyq.db import translate_errors
 from notifyq.models import EnqueueResult, Job, JobSpec
 from notifyq.queries import load_queries
 from notifyq.store._runner import Params, run_again
-from notifyq.store._submit import RESULT, Batch, enqueue_statement, many_results
+from notifyq.store._submit import (
+    RESULT,
+    Batch,
+    enqueue_statement,
+    many_results,
+    opens_a_transaction,
+)
 
 __all__ = ["SyncConn", "SyncStore"]
 
@@ -68,6 +74,8 @@ class SyncStore:
 
         def on(c: SyncConn) -> list[EnqueueResult]:
             sent = []
+            if opens_a_transaction(c):
+                c.execute("SELECT 1")  # see opens_a_transaction
             with c.transaction(), c.pipeline():
                 for name, chunk, params in batch.statements():
                     cursor = c.cursor(row_factory=tuple_row)
