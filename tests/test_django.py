@@ -14,10 +14,12 @@ import pytest
 
 from tests.conftest import PREFIX
 from tests.helpers import ROOT
+from tests.readme import readme_block
 
 pytest.importorskip("django")
 
 MANAGE = "tests/django_project/manage.py"
+PROJECT = ROOT / "tests" / "django_project"
 
 
 def _project_env(server_url: str, database: str, **extra: str) -> dict[str, str]:
@@ -64,3 +66,9 @@ def test_the_worker_command_says_in_one_line_why_it_cannot_start(server_url: str
     assert run.stderr.startswith("CommandError: "), run.stderr
     assert missing in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("path", ["shop/tasks.py", "shop/views.py"])
+def test_the_readmes_django_files_are_the_tested_ones(path: str) -> None:
+    block = readme_block(f"# {path}\n")
+    assert block.split("\n", 1)[1] == (PROJECT / path).read_text()

@@ -1,15 +1,14 @@
-"""The shop's tasks, found by ``manage.py notifyq_worker`` as the tasks module of an app."""
-
 from notifyq import task
-from tests.django_project.shop.models import Order
+
+from .models import Order
 
 
-@task
+@task(max_attempts=5)
 def send_receipt(payload: dict) -> dict:
     sent = Order.objects.filter(pk=payload["order"]).update(receipt_sent=True)
-    return {"sent": sent}
+    return {"sent": sent}  # ... and mail it
 
 
 @task
-async def count_orders(payload: dict) -> int:
+async def count_orders(payload: dict) -> int:  # async handlers use the ORM's async methods
     return await Order.objects.acount()
