@@ -1,0 +1,34 @@
+"""A Django project as the README sets one up, for tests/test_django.py.
+
+The server is DATABASE_URL's; the database's name comes from SHOP_DATABASE (the test runner
+makes its own, named by SHOP_TEST_DATABASE, and drops it), so that nothing here ever writes to
+the server's own databases. SHOP_APPLICATION_NAME tells its connections apart in
+pg_stat_activity.
+"""
+
+import os
+
+from psycopg.conninfo import conninfo_to_dict
+
+_server = conninfo_to_dict(os.environ["DATABASE_URL"])
+
+SECRET_KEY = "only-for-tests"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver"]
+USE_TZ = True
+ROOT_URLCONF = "tests.django_project.urls"
+INSTALLED_APPS = ["notifyq.contrib.django", "tests.django_project.shop"]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["SHOP_DATABASE"],
+        "USER": _server.get("user", ""),
+        "PASSWORD": _server.get("password", ""),
+        "HOST": _server.get("host", ""),
+        "PORT": _server.get("port", ""),
+        "OPTIONS": {"application_name": os.environ.get("SHOP_APPLICATION_NAME", "shop")},
+        "TEST": {"NAME": os.environ.get("SHOP_TEST_DATABASE")},
+    }
+}
+NOTIFYQ = {"CONCURRENCY": 4, "POLL_INTERVAL": 30, "SHUTDOWN_GRACE": 5}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
