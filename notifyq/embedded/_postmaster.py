@@ -117,6 +117,16 @@ class Postmaster:
         socket_dir = urllib.parse.quote(self.socket_dir, safe="/")
         return f"postgresql://{SUPERUSER}@/{dbname}?host={socket_dir}&port={self.port}"
 
+    def program_dir(self) -> Path | None:
+        """The folder of the ``postgres`` program this server runs, as its ``postmaster.opts``
+        says (the full path, then the quoted arguments); None when that cannot be read."""
+        try:
+            opts = (self.file.parent / "postmaster.opts").read_text(errors="replace")
+        except OSError:
+            return None
+        program = opts.split(' "', 1)[0].strip()
+        return Path(program).parent if os.path.isabs(program) else None
+
     def _tcp_host(self) -> str:
         host = HOST if self.listen in ("*", "0.0.0.0", "::", "localhost") else self.listen
         return f"[{host}]" if ":" in host else host

@@ -19,8 +19,13 @@ from psycopg import sql
 
 from notifyq.db import redact
 from notifyq.embedded._auth import read_password, unsafe_reason
-from notifyq.embedded._binaries import Binaries, find_binaries
-from notifyq.embedded._errors import SET_DATABASE_URL, EmbeddedPostgresError, ProgressCallback
+from notifyq.embedded._binaries import Binaries, find_binaries, source_of
+from notifyq.embedded._errors import (
+    SET_DATABASE_URL,
+    USE_YOUR_OWN,
+    EmbeddedPostgresError,
+    ProgressCallback,
+)
 from notifyq.embedded._layout import Paths, default_base_dir, make_dirs
 from notifyq.embedded._postmaster import Postmaster, running_postmaster, stop
 from notifyq.embedded._starter import Starter
@@ -124,10 +129,7 @@ class EmbeddedPostgres:
                 postmaster = Starter(binaries, paths, self._progress, port=registry.port).start()
             else:
                 verb = "joining" if had_users else "reusing the leftover"
-                self._progress(
-                    f"{verb} embedded PostgreSQL {binaries.version} on {postmaster.where} "
-                    f"(pid {postmaster.pid}, data in {data_dir})"
-                )
+                self._progress(f"{verb} {_describe(postmaster, binaries)}; {USE_YOUR_OWN}")
             password = read_password(paths) if postmaster.tcp else None
             try:
                 if created or not had_users:
@@ -260,6 +262,29 @@ def reset(
 ) -> Path:
     """Deletes the embedded cluster of ``base_dir`` (see :meth:`EmbeddedPostgres.reset`)."""
     return EmbeddedPostgres(base_dir, bin_dir=bin_dir, on_progress=on_progress).reset()
+
+
+def _describe(postmaster: Postmaster, binaries: Binaries) -> str:
+    """A running server, for the line that says which one this process uses: its version and
+    where its binaries come from (as its ``postmaster.opts`` says: maybe another process's),
+    its data, and its pid."""
+    data_dir = postmaster.file.parent
+    version, source = binaries.version, binaries.source
+    program_dir = postmaster.program_dir()
+    if program_dir is not None:
+        source = source_of(program_dir, binaries)
+        if source != binaries.source:
+            # Started from other binaries of the same major version (the folder is pg<major>).
+            version = _read_major(data_dir) or version
+    where = f", on {postmaster.where}" if postmaster.tcp else ""
+    return f"embedded PostgreSQL {version} ({source}) in {data_dir} (pid {postmaster.pid}{where})"
+
+
+def _read_major(data_dir: Path) -> str | None:
+    try:
+        return (data_dir / "PG_VERSION").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _ensure_database(postmaster: Postmaster, password: str | None) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from notifyq.embedded._account import check_reachable, is_root, run, service_account
 from notifyq.embedded._auth import hba_rules, new_password, read_password
 from notifyq.embedded._binaries import Binaries, runnable_binaries
-from notifyq.embedded._errors import EmbeddedPostgresError, ProgressCallback
+from notifyq.embedded._errors import USE_YOUR_OWN, EmbeddedPostgresError, ProgressCallback
 from notifyq.embedded._layout import SOCKET_PORT, Paths, write_file
 from notifyq.embedded._postmaster import (
     HOST,
@@ -63,13 +63,18 @@ class Starter:
         if not (data_dir / "PG_VERSION").exists():
             self.initdb()
         self.make_safe()
-        starting = f"starting embedded PostgreSQL {self.binaries.version} in {data_dir}"
+        # The one line that says which server runs (the version, where its binaries come
+        # from, its data): said before it starts, so that a slow or failed start is explained.
+        starting = (
+            f"starting embedded PostgreSQL {self.binaries.version} ({self.binaries.source}) "
+            f"in {data_dir}"
+        )
         if self.paths.socket_fits:
-            self.progress(starting)
+            self.progress(f"{starting}; {USE_YOUR_OWN}")
             return self.pg_ctl_start(SOCKET_PORT, tcp=False)
         self.progress(
             f"{starting}, on {HOST} with the password in {self.paths.password} (the path of "
-            "a unix socket there would be too long)"
+            f"a unix socket there would be too long); {USE_YOUR_OWN}"
         )
         port = self.port
         for attempt in range(3):
@@ -120,8 +125,18 @@ class Starter:
     def initdb(self) -> None:
         """Makes the cluster with ``initdb``, as the server's account, in the C locale."""
         data_dir = self.paths.data_dir
+        others = [
+            folder
+            for folder in sorted(data_dir.parent.glob("pg[0-9]*"))
+            if folder.name[2:].isdigit()
+            and folder != data_dir
+            and (folder / "PG_VERSION").is_file()
+        ]
+        # A cluster of another major version (made with other binaries) is left as it is.
+        kept = "".join(f"; {folder} stays as it is" for folder in others)
         self.progress(
-            f"creating a new PostgreSQL {self.binaries.version} cluster in {data_dir} (first run)"
+            f"creating a new PostgreSQL {self.binaries.version} cluster in {data_dir} "
+            f"(first run{kept})"
         )
         # initdb into a fresh folder then rename, so that an interrupted initdb never leaves a
         # half-made cluster behind under the real name.
