@@ -138,6 +138,68 @@ def test_quick_history_scenario_fills_a_history_the_schema_accepts(tmp_path: Pat
     assert figures["history.ratio"]["median"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_workflow_scenario_reports_every_workflow_figure(tmp_path: Path) -> None:
+    # Whether the targets are met depends on the machine; that every figure is there, measured
+    # and plausible does not.
+    url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "notifyq",
+            "bench",
+            "--quick",
+            "--quiet",
+            "--scenario",
+            "workflow",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=_bench_env(DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dependent job's handler start" in done.stdout  # the table
+    results = json.loads(out.read_text())
+    assert results["meta"]["failed"] == []
+    figures = {f["key"]: f for f in results["figures"] if f["scenario"] == "workflow"}
+    targets = {
+        "workflow.idle.p50": ("<=", 3.0),
+        "workflow.idle.p99": ("<=", 10.0),
+        "workflow.chain": ("<=", 0.5),
+        "workflow.grouped_vs_ungrouped": (">=", 0.7),
+        "workflow.wait.p50": ("<=", 5.0),
+    }
+    info = {"workflow.busy.p50", "workflow.busy.p99", "workflow.grouped", "workflow.wait.p99"}
+    assert set(figures) == set(targets) | info
+    for key, figure in figures.items():
+        assert len(figure["values"]) == 1  # --quick runs each figure once
+        assert figure["met"] in ((True, False) if key in targets else (None,))
+        if key in targets:
+            op, value = targets[key]
+            assert (figure["target"]["op"], figure["target"]["value"]) == (op, value)
+    for key in ("workflow.idle.p50", "workflow.busy.p50", "workflow.wait.p50"):
+        # Both ends are stamps of this host's clock: a child starts after its parent ended, a
+        # wait returns after its job ended, and neither takes seconds.
+        point = key.replace(".p50", ".p99")
+        assert 0 < figures[key]["median"] <= figures[point]["median"] < 1000
+    assert 0 < figures["workflow.chain"]["median"] < 30
+    assert figures["workflow.grouped"]["median"] > 0
+    assert figures["workflow.grouped"]["floor_median"] > 0  # the ungrouped drain
+    assert 0 < figures["workflow.grouped_vs_ungrouped"]["median"] < 5
+
+    raw = results["scenarios"]["workflow"]
+    assert abs(raw["clock"]["offset_ms"]) < 5
+    assert raw["grouped"][0]["jobs"] == raw["group_keys"] * 2
+    assert raw["busy"][0]["backlog_left"] > 0  # the worker stayed busy throughout
+
+
 def _processes_mentioning(names: list[str]) -> list[int]:
     """Pids of processes whose command line or environment names one of ``names`` (every
     process the bench starts has its scratch database in one or the other)."""

@@ -9,7 +9,10 @@ Timing rules they share: workers, servers and the bare loop are started first an
 ("ready" in their log, or a health check), and only then does the clock start; throughput is
 taken from the table itself (first ``started_at`` to last ``finished_at``), so neither process
 start nor the bench's own polling counts; pickup latency is the handler's wall-clock stamp minus
-the time the submitter's COMMIT returned, both on this host.
+the time the submitter's COMMIT returned, both on this host. Where a time starts or ends at
+something the database did (a parent's end, a job's end), it is that row's ``finished_at``
+against a wall-clock stamp of this host: the ``workflow`` scenario checks first that the
+database's clock is this host's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from notifyq_bench.scenarios import (
     latency,
     memory,
     throughput,
+    workflow,
 )
 from notifyq_bench.scenarios.context import Context, Scenario, Sizes
 
@@ -40,5 +44,6 @@ SCENARIOS: dict[str, Scenario] = {
         insert_trigger.SCENARIO,
         history.SCENARIO,
         concurrency.SCENARIO,
+        workflow.SCENARIO,
     )
 }

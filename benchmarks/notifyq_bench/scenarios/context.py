@@ -41,6 +41,9 @@ class Sizes:
     levels: tuple[int, ...]
     level_jobs_per_slot: int
     bare_batch: int
+    dependent_pairs: int
+    waits: int
+    group_keys: int
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -61,6 +64,9 @@ class Sizes:
                 levels=(1, 50),
                 level_jobs_per_slot=40,
                 bare_batch=500,
+                dependent_pairs=20,
+                waits=10,
+                group_keys=1_000,
             )
         return cls(
             idle_seconds=10.0,
@@ -78,6 +84,9 @@ class Sizes:
             levels=(1, 10, 50, 100),
             level_jobs_per_slot=200,
             bare_batch=500,
+            dependent_pairs=100,
+            waits=30,
+            group_keys=10_000,
         )
 
 

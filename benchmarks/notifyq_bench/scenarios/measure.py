@@ -41,21 +41,37 @@ def unfinished(conn: psycopg.Connection[Any], table: sql.Composable) -> bool:
     return bool(row and row[0])
 
 
-def drain(ctx: Context, table: sql.Composable, jobs: int, processes: list[Child]) -> dict[str, Any]:
+def drain(
+    ctx: Context,
+    table: sql.Composable,
+    jobs: int,
+    processes: list[Child],
+    *,
+    group_keys: int | None = None,
+) -> dict[str, Any]:
     """Inserts ``jobs`` no-op jobs in one transaction (so every worker wakes at its commit),
     waits until they are all done, and answers jobs/s from the first claim to the last
-    completion as the table records them."""
+    completion as the table records them. With ``group_keys``, job n has the group key
+    ``k<n mod group_keys>``: the first ``group_keys`` jobs head their groups, the others wait
+    their turn."""
+    if group_keys is None:
+        insert = sql.SQL(
+            "INSERT INTO {} (task, payload, max_attempts) "
+            "SELECT %s, '{{}}'::jsonb, 1 FROM generate_series(1, %s)"
+        ).format(table)
+        params: list[Any] = [NOOP, jobs]
+    else:
+        insert = sql.SQL(
+            "INSERT INTO {} (task, payload, max_attempts, group_key) "
+            "SELECT %s, '{{}}'::jsonb, 1, 'k' || (g %% %s) FROM generate_series(1, %s) AS g "
+            "ORDER BY g"
+        ).format(table)
+        params = [NOOP, group_keys, jobs]
     with ctx.connect() as conn:
         truncate(conn, table)
         settle(conn)
         cpu_before = [child.cpu() or 0.0 for child in processes]
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (task, payload, max_attempts) "
-                "SELECT %s, '{{}}'::jsonb, 1 FROM generate_series(1, %s)"
-            ).format(table),
-            [NOOP, jobs],
-        )
+        conn.execute(insert, params)
         pg_before, wall_before = postgres_cpu(), time.monotonic()
         deadline = time.monotonic() + max(120.0, jobs / 100)
         while unfinished(conn, table):
