@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 from uuid import UUID
 
 import anyio
@@ -21,7 +22,7 @@ import anyio
 from notifyq.models import ClaimedJob, Held
 from notifyq.tasks import Task
 
-__all__ = ["CancelReason", "Entry", "Ledger", "Wake", "WakeReason"]
+__all__ = ["CancelReason", "Entry", "Fenced", "Ledger", "Wake", "WakeReason"]
 
 
 class WakeReason(str, Enum):
@@ -48,6 +49,16 @@ class CancelReason(str, Enum):
     SHUTDOWN = "shutdown"
     #: Another worker took the job over (its lease ran out): nothing is written.
     LEASE_LOST = "lease_lost"
+
+
+class Fenced(Protocol):
+    """What names one claim of a job: a :class:`~notifyq.models.Held`, or an outcome."""
+
+    @property
+    def job_id(self) -> UUID: ...
+
+    @property
+    def claim(self) -> int: ...
 
 
 class Wake:
@@ -172,13 +183,14 @@ class Ledger:
             if self.wake_when_idle:
                 self.wake.signal(WakeReason.OTHER)
 
-    def let_go(self, held: Held) -> Entry | None:
+    def let_go(self, held: Fenced) -> Entry | None:
         """Forgets a job whose outcome was written (or discarded); answers its entry, or None
-        when the ledger no longer holds that claim."""
-        entry = self._entries.get(held.job_id)
-        if entry is None or entry.job.claim != held.claim:
+        when the ledger no longer holds that claim. ``held`` names the job and the claim: a
+        :class:`~notifyq.models.Held`, or the outcome itself."""
+        entry = self._entries.pop(held.job_id, None)
+        if entry is not None and entry.job.claim != held.claim:
+            self._entries[held.job_id] = entry  # another claim's: still held
             return None
-        del self._entries[held.job_id]
         return entry
 
     def lose(self, held: Held) -> Entry | None:

@@ -232,10 +232,9 @@ class Producer:
         for job in jobs:
             task = self._registry.get(job.task)
             assert task is not None, "claimed a task this worker does not serve"
-            entry = self._ledger.take(job, task)
-            self._stats.claimed += 1
-            self._telemetry.started(job)
-            self._runners.give(entry)
+            self._runners.give(self._ledger.take(job, task))
+        self._stats.claimed += len(jobs)
+        self._telemetry.started(jobs)
 
     async def _claim_limited(self, limit: int) -> list[ClaimedJob]:
         try:

@@ -8,23 +8,40 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from uuid import UUID
 
 from notifyq.metrics import Metrics
-from notifyq.models import ClaimedJob, JobStatus, OutcomeKind
+from notifyq.models import ClaimedJob, Failure, Held, JobStatus, OutcomeKind, Snoozed, Success
 
-__all__ = ["MeteredTelemetry", "Telemetry", "telemetry"]
+__all__ = ["MeteredTelemetry", "Telemetry", "WrittenJob", "telemetry"]
 
 logger = logging.getLogger("notifyq.worker")
 
+#: A job whose outcome is in the database, and that outcome.
+WrittenJob = tuple[ClaimedJob, Success | Failure | Snoozed | Held]
+
 #: Completions are the bulk (thousands a second): DEBUG. Metrics count them.
 _LEVELS = {"failed": logging.WARNING, "completed": logging.DEBUG}
+#: The least level of a log line of each kind of outcome (a failed attempt retried is INFO):
+#: below it, a written batch costs the log nothing, whatever its size.
+_LEAST_LEVELS = {
+    OutcomeKind.COMPLETED: logging.DEBUG,
+    OutcomeKind.FAILED: logging.INFO,
+    OutcomeKind.CANCELLED: logging.INFO,
+    OutcomeKind.SNOOZED: logging.INFO,
+}
 
 
 class Telemetry:
-    """Log lines of a worker's job events; the metric hooks do nothing."""
+    """Log lines of a worker's job events; the metric hooks do nothing.
 
-    def started(self, job: ClaimedJob) -> None:
-        """A job was claimed and handed to a runner."""
+    Jobs are told of in batches (a claim's, a written batch's), as the producer and the writer
+    handle them: at thousands of jobs a second, a call per job that does nothing was a cost of
+    its own."""
+
+    def started(self, jobs: Sequence[ClaimedJob]) -> None:
+        """Claimed jobs were handed to runners."""
 
     def ran(self, job: ClaimedJob, seconds: float) -> None:
         """A handler returned or raised after ``seconds``."""
@@ -47,18 +64,21 @@ class Telemetry:
 
     def recorded(
         self,
-        job: ClaimedJob,
         kind: OutcomeKind,
-        status: JobStatus | None,
-        seconds: float,
-        delay: float | None = None,
+        written: Sequence[WrittenJob],
+        statuses: Mapping[UUID, JobStatus] | None = None,
     ) -> None:
-        """An outcome is in the database: the job's log line (``delay``: a snooze's)."""
-        event = _event(kind, status)
-        if event == "released":
-            return
-        level = _LEVELS.get(event, logging.INFO)
-        if logger.isEnabledFor(level):
+        """A batch of outcomes of one kind is in the database: each job's log line.
+        ``statuses``: the status each failed attempt left its job in (queued: a retry)."""
+        least = _LEAST_LEVELS.get(kind)
+        if least is None or not logger.isEnabledFor(least):
+            return  # released jobs have no line of their own
+        for job, outcome, event in _events(kind, written, statuses):
+            level = _LEVELS.get(event, logging.INFO)
+            if not logger.isEnabledFor(level):
+                continue
+            seconds = 0.0 if isinstance(outcome, Held) else outcome.seconds
+            delay = outcome.delay if isinstance(outcome, Snoozed) else None
             logger.log(
                 level,
                 "job %s %s (task %s, attempt %d/%d, %.1f ms)%s",
@@ -93,10 +113,12 @@ class MeteredTelemetry(Telemetry):
             "snoozed": metrics.snoozed,
         }
 
-    def started(self, job: ClaimedJob) -> None:
-        self._m.started.labels(job.queue, job.task).inc()
-        due = max(job.created_at, job.run_at)
-        self._m.pickup.labels(job.queue).observe(max(0.0, time.time() - due))
+    def started(self, jobs: Sequence[ClaimedJob]) -> None:
+        now = time.time()
+        for job in jobs:
+            self._m.started.labels(job.queue, job.task).inc()
+            due = max(job.created_at, job.run_at)
+            self._m.pickup.labels(job.queue).observe(max(0.0, now - due))
 
     def ran(self, job: ClaimedJob, seconds: float) -> None:
         self._m.runtime.labels(job.queue, job.task).observe(seconds)
@@ -119,16 +141,15 @@ class MeteredTelemetry(Telemetry):
 
     def recorded(
         self,
-        job: ClaimedJob,
         kind: OutcomeKind,
-        status: JobStatus | None,
-        seconds: float,
-        delay: float | None = None,
+        written: Sequence[WrittenJob],
+        statuses: Mapping[UUID, JobStatus] | None = None,
     ) -> None:
-        counter = self._counters.get(_event(kind, status))
-        if counter is not None:
-            counter.labels(job.queue, job.task).inc()
-        super().recorded(job, kind, status, seconds, delay)
+        for job, _, event in _events(kind, written, statuses):
+            counter = self._counters.get(event)
+            if counter is not None:
+                counter.labels(job.queue, job.task).inc()
+        super().recorded(kind, written, statuses)
 
 
 def telemetry(metrics: Metrics | None) -> Telemetry:
@@ -136,8 +157,15 @@ def telemetry(metrics: Metrics | None) -> Telemetry:
     return Telemetry() if metrics is None else MeteredTelemetry(metrics)
 
 
-def _event(kind: OutcomeKind, status: JobStatus | None) -> str:
-    """The event name of an outcome: a failed attempt that went back to the queue is a retry."""
-    if kind is OutcomeKind.FAILED and status is JobStatus.QUEUED:
-        return "retried"
-    return kind.value
+def _events(
+    kind: OutcomeKind, written: Iterable[WrittenJob], statuses: Mapping[UUID, JobStatus] | None
+) -> Iterable[tuple[ClaimedJob, Success | Failure | Snoozed | Held, str]]:
+    """Each written job with the event name of its outcome: a failed attempt that went back to
+    the queue is a retry."""
+    name = kind.value
+    if kind is not OutcomeKind.FAILED or statuses is None:
+        return ((job, outcome, name) for job, outcome in written)
+    return (
+        (job, outcome, "retried" if statuses.get(job.id) is JobStatus.QUEUED else name)
+        for job, outcome in written
+    )

@@ -27,7 +27,7 @@ from notifyq.models import Failure, Held, JobStatus, OutcomeKind, Snoozed, Succe
 from notifyq.worker._ledger import Ledger, WakeReason
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
-from notifyq.worker._telemetry import Telemetry
+from notifyq.worker._telemetry import Telemetry, WrittenJob
 
 __all__ = ["FINAL_WRITE_TIMEOUT", "OutcomeWriter"]
 
@@ -159,7 +159,8 @@ class OutcomeWriter:
         refused: dict[UUID, str] = {}
         written = await self._write(self._store.complete, batch, set(), refused)
         del self._done[: len(batch)]
-        self._let_go([s for s in batch if s.job_id not in refused], written, OutcomeKind.COMPLETED)
+        kept = [s for s in batch if s.job_id not in refused] if refused else batch
+        self._let_go(kept, written, OutcomeKind.COMPLETED)
         self._stats.completed += len(written)
         # A result the database refused (too large, say) fails its job instead.
         self._failed.extend(
@@ -222,16 +223,17 @@ class OutcomeWriter:
         kind: OutcomeKind,
     ) -> None:
         """Forgets the jobs of a written batch (and those whose write was discarded)."""
+        let_go = self._ledger.let_go
+        recorded: list[WrittenJob] = []
         for item in batch:
-            entry = self._ledger.let_go(Held(item.job_id, item.claim))
+            entry = let_go(item)
             if item.job_id not in written:
                 self._stats.lost += 1
                 self._telemetry.discarded(item.job_id)
             elif entry is not None:
-                status = written.get(item.job_id) if isinstance(written, dict) else None
-                seconds = item.seconds if not isinstance(item, Held) else 0.0
-                delay = item.delay if isinstance(item, Snoozed) else None
-                self._telemetry.recorded(entry.job, kind, status, seconds, delay)
+                recorded.append((entry.job, item))
+        if recorded:
+            self._telemetry.recorded(kind, recorded, written if isinstance(written, dict) else None)
 
     async def _final_writes(self) -> None:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
