@@ -14,23 +14,28 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from uuid import UUID
 
 import anyio
 
-from notifyq.context import JobContext, ProgressSink
+from notifyq.context import JobContext
 from notifyq.errors import InvalidJob, PermanentFailure, Snooze
 from notifyq.models import ClaimedJob, Failure, Snoozed, Success, Undecodable, encode_json
 from notifyq.retry import Backoff
 from notifyq.tasks import Task
 from notifyq.worker._telemetry import Telemetry
 
-__all__ = ["MAX_ERROR_LENGTH", "Executor", "Outcome", "describe_failure"]
+__all__ = ["MAX_ERROR_LENGTH", "Executor", "Outcome", "ProgressReports", "describe_failure"]
 
 #: What an attempt comes to.
 Outcome = Success | Failure | Snoozed
+
+#: Where progress reports go: (job id, claim, fraction, message).
+ProgressReports = Callable[[UUID, int, float | None, str | None], None]
 
 logger = logging.getLogger("notifyq.worker")
 
@@ -42,8 +47,8 @@ _NO_DEPENDENCIES: Mapping[str, Any] = MappingProxyType({})
 
 class Executor:
     """Runs attempts for one worker: ``backoff`` is the retry policy of tasks that set none;
-    ``limiter`` bounds the threads of plain-function handlers; ``progress`` gives each
-    attempt's context the place its progress reports go."""
+    ``limiter`` bounds the threads of plain-function handlers; ``progress`` is where the
+    progress reports of every attempt go, with the job's id and claim first."""
 
     def __init__(
         self,
@@ -52,7 +57,7 @@ class Executor:
         backoff: Backoff,
         limiter: anyio.CapacityLimiter,
         telemetry: Telemetry,
-        progress: Callable[[ClaimedJob], ProgressSink] | None = None,
+        progress: ProgressReports | None = None,
     ) -> None:
         self._worker_id = worker_id
         self._backoff = backoff
@@ -86,7 +91,8 @@ class Executor:
             job.priority,
             self._worker_id,
             _NO_DEPENDENCIES if job.dependencies is None else MappingProxyType(job.dependencies),
-            None if self._progress is None else self._progress(job),
+            # A partial, not a closure: no Python frame per job to make it.
+            None if self._progress is None else partial(self._progress, job.id, job.claim),
         )
         timed_out = False
         try:

@@ -17,9 +17,8 @@ from uuid import UUID
 import anyio
 from anyio.abc import TaskStatus
 
-from notifyq.context import ProgressSink
 from notifyq.errors import NotifyQError
-from notifyq.models import ClaimedJob, Progress
+from notifyq.models import Progress
 from notifyq.worker._stats import WorkerStats
 from notifyq.worker._store import WorkerStore
 
@@ -52,16 +51,13 @@ class ProgressWriter:
         self._loop_thread = 0
         self._wanted = asyncio.Event()
 
-    def sink(self, job: ClaimedJob) -> ProgressSink:
-        """Where the context of ``job``'s attempt sends its reports."""
-        job_id, claim = job.id, job.claim
-
-        def report(fraction: float | None, message: str | None) -> None:
-            with self._lock:
-                self._latest[job_id] = Progress(job_id, claim, fraction, message)
-            self._wake()
-
-        return report
+    def report(self, job_id: UUID, claim: int, fraction: float | None, message: str | None) -> None:
+        """Keeps the latest report of ``job_id``'s attempt under ``claim`` (from any thread)
+        and wakes the writer. An attempt's context reports here through a ``partial`` of the
+        job's id and claim (see :class:`~notifyq.worker._executor.Executor`)."""
+        with self._lock:
+            self._latest[job_id] = Progress(job_id, claim, fraction, message)
+        self._wake()
 
     def _wake(self) -> None:
         loop = self._loop

@@ -232,7 +232,7 @@ class Worker:
             backoff=Backoff(s.retry_base, s.retry_factor, s.retry_cap),
             limiter=anyio.CapacityLimiter(s.concurrency),
             telemetry=self._telemetry,
-            progress=progress.sink,
+            progress=progress.report,
         )
 
     def _producer(
