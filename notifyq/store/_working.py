@@ -93,10 +93,10 @@ class Working(Runner):
                 "claims": [d.claim for d in chunk],
                 "results": [d.result_json for d in chunk],
             },
-            scalar_row,
+            tuple_row,
             what="recording results",
         )
-        return set(rows)
+        return _ids(rows)
 
     async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]:
         """Records failed attempts; answers the new status of each row written."""
@@ -122,10 +122,10 @@ class Working(Runner):
             "release_jobs",
             list(held),
             lambda chunk: _held_params(worker_id, chunk),
-            scalar_row,
+            tuple_row,
             what="releasing jobs",
         )
-        return set(rows)
+        return _ids(rows)
 
     async def beat(
         self, worker_id: str, held: Iterable[Held], running: Container[UUID], lease: float
@@ -151,10 +151,10 @@ class Working(Runner):
             "cancel_running",
             list(held),
             lambda chunk: _held_params(worker_id, chunk),
-            scalar_row,
+            tuple_row,
             what="recording cancellations",
         )
-        return set(rows)
+        return _ids(rows)
 
     async def snooze(self, worker_id: str, snoozed: Sequence[Snoozed]) -> set[UUID]:
         """Puts snoozed jobs back in the queue for later, attempt not counted; answers the ids
@@ -168,10 +168,10 @@ class Working(Runner):
                 "claims": [s.claim for s in chunk],
                 "delays": [s.delay for s in chunk],
             },
-            scalar_row,
+            tuple_row,
             what="snoozing jobs",
         )
-        return set(rows)
+        return _ids(rows)
 
     async def report_progress(self, worker_id: str, reports: Sequence[Progress]) -> set[UUID]:
         """Records the progress of running jobs; answers the ids written (the others are no
@@ -186,10 +186,10 @@ class Working(Runner):
                 "fractions": [p.fraction for p in chunk],
                 "messages": [p.message for p in chunk],
             },
-            scalar_row,
+            tuple_row,
             what="recording progress",
         )
-        return set(rows)
+        return _ids(rows)
 
     async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
         """Requeues (or fails, or cancels) up to ``limit`` jobs whose lease ran out or that
@@ -280,3 +280,9 @@ def _held_params(worker_id: str, held: Sequence[Held]) -> dict[str, Any]:
         "ids": [h.job_id for h in held],
         "claims": [h.claim for h in held],
     }
+
+
+def _ids(rows: list[tuple[Any, ...]]) -> set[UUID]:
+    """The job ids a batch write answers, one a row (tuple rows and a comprehension: the
+    ``scalar_row`` factory is a Python call per row)."""
+    return {job_id for (job_id,) in rows}
