@@ -50,10 +50,15 @@ def fields_row(cls: type[T]) -> AsyncRowFactory[T]:
     naming both), and each row is built positionally (``class_row`` builds a dict per row: a
     microsecond a claimed job)."""
     fields = tuple(field.name for field in dataclasses.fields(cls))  # type: ignore[arg-type]
+    # The names as the result holds them: reading them there is a C call a column, where
+    # ``cursor.description`` builds a Column object (several Python calls) for each.
+    encoded = tuple(name.encode() for name in fields)
 
     def per_statement(cursor: Any) -> Callable[[Sequence[Any]], T]:
-        names = tuple(column.name for column in cursor.description or ())
-        if names != fields:
+        result = cursor.pgresult
+        count = result.nfields if result is not None else 0
+        if tuple(result.fname(i) for i in range(count)) != encoded:
+            names = tuple(column.name for column in cursor.description or ())
             raise TypeError(f"the columns {names} do not match the fields of {cls.__name__}")
         return lambda values: cls(*values)
 
