@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import AsyncRowFactory, scalar_row
+from psycopg.rows import AsyncRowFactory, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.db import translate_errors
@@ -57,7 +57,7 @@ def fields_row(cls: type[T]) -> AsyncRowFactory[T]:
     def per_statement(cursor: Any) -> Callable[[Sequence[Any]], T]:
         result = cursor.pgresult
         count = result.nfields if result is not None else 0
-        if tuple(result.fname(i) for i in range(count)) != encoded:
+        if tuple(map(result.fname, range(count))) != encoded:
             names = tuple(column.name for column in cursor.description or ())
             raise TypeError(f"the columns {names} do not match the fields of {cls.__name__}")
         return lambda values: cls(*values)
@@ -122,7 +122,10 @@ class Runner:
 
     async def _value(self, name: str, params: Params, *, what: str) -> Any:
         """The first column of the first row of query ``name`` (None without a row)."""
-        return await self._one(name, params, scalar_row, what=what)
+        # A tuple row: scalar_row costs three Python calls, and a worker asks for a value
+        # (its idle mark, the next run_at) every time it goes idle.
+        row = await self._one(name, params, tuple_row, what=what)
+        return None if row is None else row[0]
 
     async def _execute(self, name: str, params: Params, *, what: str) -> None:
         """Runs query ``name`` for its effect."""
