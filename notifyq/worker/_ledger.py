@@ -119,8 +119,9 @@ class Ledger:
         self._free = concurrency
         self._active = 0
         self._starved = False
-        self._idle = anyio.Event()
-        self._idle.set()
+        #: Set when the last active job ends; made only while someone waits for that (a job
+        #: that finds the worker idle would otherwise make an Event of its own).
+        self._idle: anyio.Event | None = None
         self.wake = Wake()
         self.stopping = False
         #: Wake the producer whenever the last running job ends (burst mode drains, then exits).
@@ -144,7 +145,10 @@ class Ledger:
 
     async def idle(self) -> None:
         """Returns once no job is active."""
-        await self._idle.wait()
+        if self._active:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
 
     # -- a job's way through ---------------------------------------------------------------
 
@@ -153,8 +157,6 @@ class Ledger:
         entry = Entry(job, task)
         self._entries[job.id] = entry
         self._free -= 1
-        if self._active == 0:
-            self._idle = anyio.Event()
         self._active += 1
         return entry
 
@@ -179,7 +181,9 @@ class Ledger:
             self._starved = False
             self.wake.signal(WakeReason.SLOT)
         if self._active == 0:
-            self._idle.set()
+            if self._idle is not None:
+                self._idle.set()
+                self._idle = None
             if self.wake_when_idle:
                 self.wake.signal(WakeReason.OTHER)
 

@@ -222,7 +222,7 @@ class Producer:
 
     def _claimed(self, jobs: list[ClaimedJob]) -> None:
         self._stats.claims += 1
-        self._telemetry.claimed(bool(jobs), str(self._ledger.wake.reason))
+        self._telemetry.claimed(bool(jobs), self._ledger.wake.reason)
         self._ledger.wake.reason = WakeReason.LOOP
         if jobs:
             self._signals.claimed.fire()

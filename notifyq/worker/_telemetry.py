@@ -47,7 +47,8 @@ class Telemetry:
         """A handler returned or raised after ``seconds``."""
 
     def claimed(self, found: bool, woken_by: str) -> None:
-        """A claim statement ran."""
+        """A claim statement ran; ``woken_by`` may be a :class:`str` enum, which only the
+        metrics turn into its text."""
 
     def notified(self) -> None:
         """A notification arrived."""
@@ -124,7 +125,7 @@ class MeteredTelemetry(Telemetry):
         self._m.runtime.labels(job.queue, job.task).observe(seconds)
 
     def claimed(self, found: bool, woken_by: str) -> None:
-        self._m.claims.labels("yes" if found else "no", woken_by).inc()
+        self._m.claims.labels("yes" if found else "no", str(woken_by)).inc()
 
     def notified(self) -> None:
         self._m.notifications.inc()
