@@ -186,7 +186,8 @@ class Producer:
             if limit == 0:
                 continue
             limited = await self._claim_limited(limit) if self._limits_exist else []
-            self._start(limited)
+            if limited:
+                self._start(limited)
             limit -= len(limited)
             if limit == 0:
                 continue

@@ -159,9 +159,11 @@ class OutcomeWriter:
         refused: dict[UUID, str] = {}
         written = await self._write(self._store.complete, batch, set(), refused)
         del self._done[: len(batch)]
-        kept = [s for s in batch if s.job_id not in refused] if refused else batch
-        self._let_go(kept, written, OutcomeKind.COMPLETED)
         self._stats.completed += len(written)
+        if not refused:
+            self._let_go(batch, written, OutcomeKind.COMPLETED)
+            return
+        self._let_go([s for s in batch if s.job_id not in refused], written, OutcomeKind.COMPLETED)
         # A result the database refused (too large, say) fails its job instead.
         self._failed.extend(
             Failure(s.job_id, s.claim, "could not store the result: " + refused[s.job_id], False, 0)
