@@ -1,4 +1,4 @@
-"""The Django app (notifyq.contrib.django), tested as a Django project tests itself: Django's
+"""The Django app (notifyq.django), tested as a Django project tests itself: Django's
 own test runner runs the tiny project of tests/django_project (its tests are in
 tests/django_project/shop/tests.py) on this server, in a test database it creates from the
 migrations, notifyq's schema included, and drops."""

@@ -17,7 +17,7 @@ DEBUG = False
 ALLOWED_HOSTS = ["testserver"]
 USE_TZ = True
 ROOT_URLCONF = "tests.django_project.urls"
-INSTALLED_APPS = ["notifyq.contrib.django", "tests.django_project.shop"]
+INSTALLED_APPS = ["notifyq.django", "tests.django_project.shop"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",

@@ -21,7 +21,7 @@ from django.db.transaction import TransactionManagementError
 from django.test import SimpleTestCase, TestCase, TransactionTestCase, override_settings
 
 import notifyq
-from notifyq.contrib.django import (
+from notifyq.django import (
     enqueue,
     enqueue_many,
     enqueue_workflow,

@@ -1,7 +1,7 @@
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 
-from notifyq.contrib.django import enqueue
+from notifyq.django import enqueue
 
 from .models import Order
 

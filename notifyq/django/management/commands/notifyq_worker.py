@@ -10,8 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from notifyq.cli._errors import one_line
 from notifyq.cli._signals import exit_now_if_threads_hang
-from notifyq.contrib.django._settings import autodiscover, notifyq_settings
-from notifyq.contrib.django._worker import django_registry, release_orm_thread, run_worker
+from notifyq.django._settings import autodiscover, notifyq_settings
+from notifyq.django._worker import django_registry, release_orm_thread, run_worker
 
 
 class Command(BaseCommand):  # type: ignore[misc]

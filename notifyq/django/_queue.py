@@ -25,7 +25,7 @@ from django.db import connections
 from psycopg_pool import ConnectionPool
 
 from notifyq.client import _spec_from_mapping, _workflow_spec
-from notifyq.contrib.django._settings import database_alias, notifyq_settings
+from notifyq.django._settings import database_alias, notifyq_settings
 from notifyq.models import EnqueueResult, JobSpec
 from notifyq.settings import explicit_max_attempts
 from notifyq.store import SyncStore
@@ -84,7 +84,7 @@ def psycopg_connection() -> psycopg.Connection[Any]:
     if wrapper.vendor != "postgresql":
         raise ImproperlyConfigured(
             f"notifyq enqueues in Django's transaction only on PostgreSQL; DATABASES[{alias!r}] "
-            f"is {wrapper.vendor}: use notifyq.contrib.django.queue().enqueue(...), which "
+            f"is {wrapper.vendor}: use notifyq.django.queue().enqueue(...), which "
             "commits on its own"
         )
     wrapper.ensure_connection()
@@ -93,7 +93,7 @@ def psycopg_connection() -> psycopg.Connection[Any]:
         raise ImproperlyConfigured(
             "notifyq enqueues in Django's transaction with psycopg 3 (Django 4.2 or later); "
             f"DATABASES[{alias!r}] runs on {type(conn).__module__}: pip install "
-            "'psycopg[binary]', or use notifyq.contrib.django.queue().enqueue(...), which "
+            "'psycopg[binary]', or use notifyq.django.queue().enqueue(...), which "
             "commits on its own"
         )
     return conn

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from notifyq.contrib.django._settings import database_alias, database_url_of, notifyq_settings
+from notifyq.django._settings import database_alias, database_url_of, notifyq_settings
 from notifyq.migrations import migrate
 from notifyq.queries import Migration
 from notifyq.settings import Settings

@@ -2,7 +2,7 @@
 
 ``settings.py``::
 
-    INSTALLED_APPS = [..., "notifyq.contrib.django"]
+    INSTALLED_APPS = [..., "notifyq.django"]
     NOTIFYQ = {"CONCURRENCY": 20}        # optional: notifyq's variables without NOTIFYQ_
 
 The database is ``DATABASES["default"]`` (``NOTIFYQ["DATABASE"]`` names another alias, and
@@ -12,7 +12,7 @@ app's ``tasks`` module; in a view, :func:`enqueue` writes the job in the request
 transaction::
 
     from django.db import transaction
-    from notifyq.contrib.django import enqueue
+    from notifyq.django import enqueue
 
     with transaction.atomic():
         order = Order.objects.create(total=42)
@@ -24,7 +24,7 @@ Nothing is read or opened at import: the settings are built, and the process's
 
 from __future__ import annotations
 
-from notifyq.contrib.django._queue import (
+from notifyq.django._queue import (
     enqueue,
     enqueue_many,
     enqueue_workflow,
@@ -32,7 +32,7 @@ from notifyq.contrib.django._queue import (
     psycopg_connection,
     queue,
 )
-from notifyq.contrib.django._settings import notifyq_settings
+from notifyq.django._settings import notifyq_settings
 
 __all__ = [
     "enqueue",

@@ -12,7 +12,7 @@ from django.db import migrations
 
 
 def _create_schema(apps: Any, schema_editor: Any) -> None:
-    from notifyq.contrib.django._schema import migrate_django_database
+    from notifyq.django._schema import migrate_django_database
 
     migrate_django_database(schema_editor.connection)
 

@@ -9,7 +9,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from notifyq.contrib.django._settings import database_alias, notifyq_settings
+from notifyq.django._settings import database_alias, notifyq_settings
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -34,7 +34,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [
             checks.Warning(
                 f"DATABASES[{alias!r}] is not PostgreSQL on psycopg 3: "
-                "notifyq.contrib.django.enqueue() cannot write in its transactions",
+                "notifyq.django.enqueue() cannot write in its transactions",
                 hint="queue().enqueue(...) still works, committing on its own",
                 id="notifyq.W001",
             )

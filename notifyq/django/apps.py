@@ -1,4 +1,4 @@
-"""The Django app: ``INSTALLED_APPS += ["notifyq.contrib.django"]``."""
+"""The Django app: ``INSTALLED_APPS += ["notifyq.django"]``."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ class NotifyQConfig(AppConfig):  # type: ignore[misc]
     """notifyq in a Django project: its settings (``NOTIFYQ``), its schema (a migration),
     ``manage.py notifyq_worker`` and ``notifyq_migrate``. Nothing connects when it loads."""
 
-    name = "notifyq.contrib.django"
+    name = "notifyq.django"
     label = "notifyq"
     verbose_name = "notifyq"
 
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from notifyq.contrib.django._checks import check_settings
+        from notifyq.django._checks import check_settings
 
         checks.register(check_settings)
         setting_changed.connect(_settings_changed, dispatch_uid="notifyq-settings-changed")
@@ -28,6 +28,6 @@ class NotifyQConfig(AppConfig):  # type: ignore[misc]
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test that overrides NOTIFYQ or DATABASES gets a queue made from the new ones.
     if setting in ("NOTIFYQ", "DATABASES"):
-        from notifyq.contrib.django._queue import forget_queue
+        from notifyq.django._queue import forget_queue
 
         forget_queue()

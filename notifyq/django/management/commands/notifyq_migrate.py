@@ -8,8 +8,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from notifyq.cli._errors import one_line
-from notifyq.contrib.django._schema import migrate_schema
-from notifyq.contrib.django._settings import notifyq_settings
+from notifyq.django._schema import migrate_schema
+from notifyq.django._settings import notifyq_settings
 from notifyq.migrations import latest_version
 
 
