@@ -33,9 +33,9 @@ from notifyq.bootstrap import require_database
 from notifyq.client import _as_uuid, _spec_from_mapping, _workflow_spec
 from notifyq.db import (
     connect_kwargs,
-    database_url,
     first_line,
     is_connection_error,
+    listen_url,
     open_sync_pool,
     redact,
 )
@@ -282,7 +282,7 @@ class _Waits:
         #: Seconds between looks at a waited job when no notification comes.
         self.fallback = settings.poll_interval
         self._store = store
-        self._url = settings.listen_url or database_url(settings)
+        self._url = listen_url(settings)
         # The listener only waits: no statement timeout.
         self._kwargs = connect_kwargs(settings, "notifyq-client-listener", statement_timeout=0)
         self._ttl = WATCH_TTL

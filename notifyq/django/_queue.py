@@ -167,11 +167,6 @@ def _producer() -> SyncStore:
 def _in_transaction(write: Callable[[SyncStore, psycopg.Connection[Any]], R]) -> R:
     conn = psycopg_connection()
     wrapper = connections[database_alias()]
-    if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-        # An atomic() block that has run nothing yet: its transaction begins with the first
-        # statement. Begin it here, or a batch of more than one statement (its own
-        # conn.transaction()) would take the block's transaction for its own and commit it.
-        conn.execute("SELECT 1")
     try:
         return write(_producer(), conn)
     except Exception:
