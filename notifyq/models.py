@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -431,6 +431,17 @@ class ClaimedJob:
     run_at: float
     #: The results of the jobs it depends on, by id (text); None when it depends on none.
     dependencies: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """What a claim asks for: up to ``limit`` due jobs of ``tasks`` in ``queues`` (None: every
+    queue), each held for ``lease`` seconds."""
+
+    tasks: Sequence[str]
+    queues: Sequence[str] | None
+    limit: int
+    lease: float
 
 
 # -- what a worker reports about the jobs it holds ---------------------------------------------

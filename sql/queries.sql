@@ -94,6 +94,16 @@ SELECT notifyq.next_due_v2(%(tasks)b::text[], %(queues)b::text[]);
 SELECT id FROM notifyq.complete_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                                   %(results)b::jsonb[]) AS id
 
+-- Records successful attempts and claims up to %(take)s jobs for the same worker, in one
+-- statement: see notifyq.complete_and_claim_v1 (sql/009). A row with a null task is a completion
+-- written; the others are the jobs claimed.
+-- name: complete_and_claim_jobs
+SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
+       claims AS claim, created_at, run_at, dependencies
+FROM notifyq.complete_and_claim_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                   %(results)b::jsonb[], %(tasks)b::text[], %(queues)b::text[],
+                                   %(take)s, %(lease)s::float8)
+
 -- Records failed attempts, one statement for a batch: see notifyq.fail_v3 (sql/005).
 -- name: fail_jobs
 SELECT id, status FROM notifyq.fail_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],

@@ -834,6 +834,23 @@ CREATE FUNCTION notifyq.clock_v1() RETURNS timestamp with time zone
     SELECT now();
 $$;
 
+CREATE FUNCTION notifyq.complete_and_claim_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[], p_tasks text[], p_queues text[], p_take integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT c.id, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+           NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb
+    FROM notifyq.complete_v3(p_worker_id, p_ids, p_claims, p_results) AS c(id);
+    IF p_take > 0 THEN
+        RETURN QUERY
+        SELECT * FROM notifyq.claim_v3(p_worker_id, p_tasks, p_queues, p_take, p_lease, false);
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION notifyq.complete_v1(p_worker_id text, p_ids uuid[], p_attempts integer[], p_results jsonb[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'

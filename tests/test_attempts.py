@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from notifyq.db import open_pool
-from notifyq.models import Held, JobStatus, Success
+from notifyq.models import ClaimRequest, Held, JobStatus, Success
 from notifyq.settings import Settings
 from notifyq.store import Store
 from tests.helpers import job_row, running_worker, wait_for_status, wait_until
@@ -150,3 +150,33 @@ async def test_a_running_worker_confirms_its_running_jobs_at_each_heartbeat(
             return row is not None and row["heartbeat_at"] is not None
 
         await wait_until(confirmed, timeout=5)
+
+
+async def test_a_completion_that_claims_is_fenced_and_claims_only_the_free_slots(
+    store: Store, conn: Any
+) -> None:
+    stale_id, live_id = await enqueue(conn), await enqueue(conn)
+    stale = await claim(store, "w:1:a")
+    live = await claim(store, "w:1:a")
+    await lose(conn, stale_id)
+    await store.rescue_expired()  # another worker may take it now: its outcome is stale
+    waiting = [await enqueue(conn) for _ in range(3)]
+    request = ClaimRequest(["echo"], None, 2, 30.0)
+    written, claimed = await store.complete_and_claim(
+        "w:1:a",
+        [Success(stale.id, stale.claim, '"old"'), Success(live.id, live.claim, '"ok"')],
+        request,
+    )
+    assert written == {live_id}
+    # Two slots, and the rescued job is due again: it is among the three candidates.
+    assert len(claimed) == 2 and {j.id for j in claimed} <= {stale_id, *waiting}
+    assert all(j.task == "echo" and j.attempt >= 1 for j in claimed)
+    row = await job_row(conn, claimed[0].id)
+    assert row is not None and (row["status"], row["worker_id"]) == ("processing", "w:1:a")
+    assert (await job_row(conn, live_id) or {})["result"] == "ok"
+    # No slot: nothing claimed, the completion still written.
+    third = await claim(store, "w:1:a")
+    written, claimed = await store.complete_and_claim(
+        "w:1:a", [Success(third.id, third.claim, "null")], ClaimRequest(["echo"], None, 0, 30.0)
+    )
+    assert written == {third.id} and claimed == []

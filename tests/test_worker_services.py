@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from notifyq.errors import DatabaseUnavailable, RefusedInput
-from notifyq.models import ClaimedJob, Failure, Held, JobStatus, Success
+from notifyq.models import ClaimedJob, ClaimRequest, Failure, Held, JobStatus, Success
 from notifyq.tasks import Registry, make_task
 from notifyq.worker._heartbeat import Heartbeat
 from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
@@ -80,6 +80,13 @@ class FakeStore:
         if any(s.job_id in self.refuse for s in done):
             raise RefusedInput("recording results: value too long")
         return {s.job_id for s in done}
+
+    async def complete_and_claim(
+        self, worker_id: str, done: Sequence[Success], claim: ClaimRequest
+    ) -> tuple[set[UUID], list[ClaimedJob]]:
+        self.calls.append(("complete_and_claim", claim.limit))
+        written = await self.complete(worker_id, done)
+        return written, self.claims.pop(0) if self.claims else []
 
     async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]:
         self._maybe_down()
@@ -345,3 +352,93 @@ async def test_closing_the_writer_puts_back_every_job_without_an_outcome() -> No
     assert ("release", [interrupted.id]) in store.calls
     assert (stats.completed, stats.released) == (1, 1)
     assert len(ledger) == 0
+
+
+# -- claims made by the completion statement ---------------------------------------------------
+
+
+def refilled(
+    store: FakeStore, concurrency: int, *, burst: bool = False
+) -> tuple[Ledger, Producer, Given, OutcomeWriter]:
+    ledger = Ledger(concurrency=concurrency)
+    made, given = producer(store, ledger, burst=burst)
+    writer, _ = writer_for(store, ledger)
+    writer.refill = made
+    return ledger, made, given, writer
+
+
+async def test_a_completion_claims_for_the_free_slots_and_starts_what_it_claimed() -> None:
+    store = FakeStore()
+    ledger, _, given, writer = refilled(store, 3)
+    parent = ledger.take(job(), TASK)
+    ledger.end(parent)  # its runner is done: 3 slots free
+    child = job()
+    store.claims = [[child]]
+    writer.record(Success(parent.job.id, parent.job.claim, "null"))
+    await writer.flush()
+    assert ("complete_and_claim", 3) in store.calls
+    assert [e.job for e in given.entries] == [child]
+    assert ledger.free == 2 and ledger.active == 1
+
+
+async def test_slots_a_completion_set_aside_and_did_not_fill_wake_a_waiting_producer() -> None:
+    store = FakeStore()
+    ledger, made, _, _ = refilled(store, 2)
+    claim = made.reserve()
+    assert claim is not None and claim.limit == 2 and ledger.free == 0
+    ledger.starve()  # the producer found no slot and waits for one
+    waiter = ledger.wake.waiter
+    made.hand_over(claim, [job()])
+    assert ledger.free == 1
+    assert waiter.is_set() and ledger.wake.reason is WakeReason.SLOT
+
+
+async def test_a_completion_claims_nothing_without_a_free_slot_in_burst_mode_or_when_stopping() -> (
+    None
+):
+    store = FakeStore()
+    ledger, made, _, _ = refilled(store, 1)
+    ledger.take(job(), TASK)  # the only slot is taken
+    assert made.reserve() is None
+    _, burst, _, _ = refilled(FakeStore(), 2, burst=True)
+    assert burst.reserve() is None
+    stopping, made, _, _ = refilled(FakeStore(), 2)
+    stopping.stop()
+    assert made.reserve() is None and stopping.free == 2
+
+
+async def test_jobs_a_completion_claimed_while_the_worker_began_to_stop_go_back_at_once() -> None:
+    store = FakeStore()
+    ledger, _, given, writer = refilled(store, 2)
+    parent = ledger.take(job(), TASK)
+    ledger.end(parent)
+    late = job()
+    store.claims = [[late]]
+
+    async def complete_then_stop(
+        worker_id: str, done: Sequence[Success], claim: ClaimRequest
+    ) -> tuple[set[UUID], list[ClaimedJob]]:
+        ledger.stop()  # the stop comes while the statement runs
+        return {s.job_id for s in done}, store.claims.pop(0)
+
+    store.complete_and_claim = complete_then_stop  # type: ignore[method-assign]
+    writer.record(Success(parent.job.id, parent.job.claim, "null"))
+    await writer.flush()
+    assert given.entries == []
+    assert ("release", [late.id]) in store.calls
+    assert ledger.free == 2 and len(ledger) == 0
+
+
+async def test_a_refused_completion_with_a_claim_is_written_plainly_and_frees_its_slots() -> None:
+    store = FakeStore()
+    ledger, _, given, writer = refilled(store, 2)
+    good, bad = (ledger.take(job(), TASK) for _ in range(2))
+    for entry in (good, bad):
+        ledger.end(entry)
+    store.refuse = {bad.job.id}
+    for entry in (good, bad):
+        writer.record(Success(entry.job.id, entry.job.claim, "null"))
+    await writer.flush()
+    assert ("complete_and_claim", 2) in store.calls
+    assert [name for name, _ in store.calls].count("complete") == 4  # the batch, then one by one
+    assert given.entries == [] and ledger.free == 2

@@ -70,6 +70,40 @@ async def test_a_parents_completion_starts_its_child_without_a_poll(
     assert worker.stats.completed == 2
 
 
+async def test_the_statement_that_completes_a_parent_claims_its_child_on_the_same_worker(
+    settings: Settings, conn: Any
+) -> None:
+    # The child's claim shares the transaction (so the now()) of its parent's completion: it was
+    # claimed by that statement, not by a later claim woken by a notification.
+    async with running_worker(settings) as worker:
+        async with Queue(settings.database_url) as q:
+            parent = await q.enqueue("echo", {"n": 1})
+            kid = await q.enqueue("echo", {}, depends_on=[parent.job_id])
+            await wait_for_status(conn, kid.job_id, "completed", timeout=5)
+    cursor = await conn.execute(
+        "SELECT (SELECT finished_at FROM notifyq.jobs WHERE id = %s), started_at, worker_id "
+        "FROM notifyq.jobs WHERE id = %s",
+        [parent.job_id, kid.job_id],
+    )
+    finished, started, worker_id = await cursor.fetchone()
+    assert started == finished and worker_id == worker.id
+
+
+async def test_a_completion_claims_only_what_its_worker_serves(
+    settings: Settings, conn: Any
+) -> None:
+    # The child is of a task this worker does not serve: it stays queued for one that does.
+    async with running_worker(settings.model_copy(update={"queues": ["default"]})):
+        async with Queue(settings.database_url) as q:
+            parent = await q.enqueue("echo", {})
+            elsewhere = await q.enqueue("echo", {}, queue="other", depends_on=[parent.job_id])
+            await wait_for_status(conn, parent.job_id, "completed", timeout=5)
+            await wait_for_status(conn, elsewhere.job_id, "queued", timeout=5)
+        other = settings.model_copy(update={"queues": ["other"]})
+        async with running_worker(other):
+            await wait_for_status(conn, elsewhere.job_id, "completed", timeout=5)
+
+
 async def test_a_failed_parent_cancels_its_dependents_and_theirs(
     settings: Settings, conn: Any
 ) -> None:

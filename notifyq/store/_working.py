@@ -13,6 +13,7 @@ from psycopg.rows import kwargs_row, scalar_row, tuple_row
 
 from notifyq.models import (
     ClaimedJob,
+    ClaimRequest,
     Failure,
     Held,
     JobStatus,
@@ -22,7 +23,7 @@ from notifyq.models import (
     Success,
     TaskRegistration,
 )
-from notifyq.store._runner import Runner, fields_row
+from notifyq.store._runner import _JOB_ID_INT, WRITE_CHUNK, Runner, fields_row
 
 _CLAIMED = fields_row(ClaimedJob)
 _RESCUED = kwargs_row(Rescued.of)
@@ -97,6 +98,32 @@ class Working(Runner):
             what="recording results",
         )
         return _ids(rows)
+
+    async def complete_and_claim(
+        self, worker_id: str, done: Sequence[Success], claim: ClaimRequest
+    ) -> tuple[set[UUID], list[ClaimedJob]]:
+        """Records successes and claims up to ``claim.limit`` due jobs for the same worker, in
+        one statement (see notifyq.complete_and_claim_v1); answers the ids written and the jobs
+        claimed. A batch larger than one write chunk is written as :meth:`complete` writes it,
+        and claims nothing."""
+        if claim.limit <= 0 or len(done) > WRITE_CHUNK:
+            return await self.complete(worker_id, done), []
+        ordered = sorted(done, key=_JOB_ID_INT)  # the lock order of every batch write
+        params = {
+            "worker_id": worker_id,
+            "ids": [d.job_id for d in ordered],
+            "claims": [d.claim for d in ordered],
+            "results": [d.result_json for d in ordered],
+            "tasks": list(claim.tasks),
+            "queues": None if claim.queues is None else list(claim.queues),
+            "take": claim.limit,
+            "lease": claim.lease,
+        }
+        rows = await self._all(
+            "complete_and_claim_jobs", params, tuple_row, what="recording results"
+        )
+        written = {row[0] for row in rows if row[1] is None}
+        return written, [ClaimedJob(*row) for row in rows if row[1] is not None]
 
     async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]:
         """Records failed attempts; answers the new status of each row written."""

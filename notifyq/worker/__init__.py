@@ -9,7 +9,8 @@ state, the ledger (``_ledger``):
 - the runners (``_runners``) run the jobs they are given, one per slot, through the executor
   (``_executor``: the handler, its timeout, its result as JSON);
 - the outcome writer (``_writer``) records outcomes in batches, one statement per kind, fenced by
-  (worker, claim), and on exit puts back what it still holds;
+  (worker, claim), and on exit puts back what it still holds; the statement that records
+  completions also claims jobs for the slots free then (a dependent it unblocked starts at once);
 - the heartbeat (``_heartbeat``) renews leases and confirms running handlers; the rescuer
   (``_rescuer``) requeues the jobs of workers that stopped renewing theirs; retention
   (``_maintenance``) deletes old finished jobs; the periodic enqueuer (``_periodic``) enqueues

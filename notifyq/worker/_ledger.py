@@ -33,6 +33,8 @@ class WakeReason(str, Enum):
     POLL = "poll"
     SLOT = "slot"
     CONNECT = "connect"
+    #: Claimed by the statement that recorded the worker's completions.
+    COMPLETION = "completion"
     LOOP = "loop"
     OTHER = "other"
 
@@ -138,6 +140,26 @@ class Ledger:
     def active(self) -> int:
         """Jobs given to runners whose runner has not finished them."""
         return self._active
+
+    def reserve(self, wanted: int) -> int:
+        """Sets aside up to ``wanted`` free slots for a claim made outside the producer (the
+        outcome writer's, in its completion statement); answers how many. They are taken by
+        :meth:`take` for the jobs that claim brings, and given back by :meth:`unreserve`."""
+        reserved = min(self._free, wanted) if not self.stopping else 0
+        self._free -= reserved
+        return reserved
+
+    def unreserve(self, reserved: int) -> None:
+        """Gives back slots set aside by :meth:`reserve` (call it before taking the jobs their
+        claim brought): a producer that waits for a slot is woken if one stays free."""
+        self._free += reserved
+
+    def offer_free_slots(self) -> None:
+        """After :meth:`unreserve` and the takes: wakes a producer that waits for a slot when
+        one is still free."""
+        if self._starved and self._free > 0:
+            self._starved = False
+            self.wake.signal(WakeReason.SLOT)
 
     def starve(self) -> None:
         """The producer waits for a free slot: the next job to end wakes it."""

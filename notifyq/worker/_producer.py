@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import anyio
 
 from notifyq.errors import NotifyQError
-from notifyq.models import ClaimedJob
+from notifyq.models import ClaimedJob, ClaimRequest
 from notifyq.tasks import Registry
 from notifyq.worker._ledger import Ledger, WakeReason
 from notifyq.worker._runners import Runners
@@ -220,6 +220,30 @@ class Producer:
                 # as those inserts did not notify.
                 continue
             await self._sleep(wake)
+
+    # -- the outcome writer's claims (a Refill) ------------------------------------------------
+
+    def reserve(self) -> ClaimRequest | None:
+        """A claim for the outcome writer's next completion statement: the free slots, set
+        aside until :meth:`hand_over`. None in burst mode (a draining worker claims only here,
+        where it decides when it is done) and while the worker stops."""
+        if self._burst:
+            return None
+        limit = self._ledger.reserve(MAX_CLAIM_BATCH)
+        if limit == 0:
+            return None
+        return ClaimRequest(self._tasks, self._queues, limit, self._lease)
+
+    def hand_over(self, claim: ClaimRequest, jobs: list[ClaimedJob]) -> None:
+        """Starts the jobs the writer's claim brought; the slots they did not fill are free
+        again (and wake this producer if it waits for one)."""
+        self._ledger.unreserve(claim.limit)
+        if jobs:
+            self._stats.claims += 1
+            self._telemetry.claimed(True, WakeReason.COMPLETION)
+            self._signals.claimed.fire()
+            self._start(jobs)
+        self._ledger.offer_free_slots()
 
     def _claimed(self, jobs: list[ClaimedJob]) -> None:
         self._stats.claims += 1

@@ -12,6 +12,7 @@ from uuid import UUID
 
 from notifyq.models import (
     ClaimedJob,
+    ClaimRequest,
     Failure,
     Held,
     JobStatus,
@@ -72,6 +73,10 @@ class WorkerStore(Protocol):
     async def prune_waiting(self) -> None: ...
 
     async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]: ...
+
+    async def complete_and_claim(
+        self, worker_id: str, done: Sequence[Success], claim: ClaimRequest
+    ) -> tuple[set[UUID], list[ClaimedJob]]: ...
 
     async def fail(self, worker_id: str, failed: Sequence[Failure]) -> dict[UUID, JobStatus]: ...
 

@@ -147,6 +147,7 @@ class Worker:
                 ledger, self._executor(progress), writer, concurrency=settings.concurrency
             )
             producer = self._producer(store, ledger, runners, idle, limits_exist)
+            writer.refill = producer
             listener, own_listener = self._listener()
             unsubscribe = self._subscribe(listener, ledger, idle)
             try:

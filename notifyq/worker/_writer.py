@@ -17,19 +17,28 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 from uuid import UUID
 
 import anyio
 
 from notifyq.errors import DatabaseError, DatabaseUnavailable
-from notifyq.models import Failure, Held, JobStatus, OutcomeKind, Snoozed, Success
+from notifyq.models import (
+    ClaimedJob,
+    ClaimRequest,
+    Failure,
+    Held,
+    JobStatus,
+    OutcomeKind,
+    Snoozed,
+    Success,
+)
 from notifyq.worker._ledger import Ledger, WakeReason
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
 from notifyq.worker._telemetry import Telemetry, WrittenJob
 
-__all__ = ["FINAL_WRITE_TIMEOUT", "OutcomeWriter"]
+__all__ = ["FINAL_WRITE_TIMEOUT", "OutcomeWriter", "Refill"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +49,24 @@ Item = TypeVar("Item", Success, Failure, Snoozed, Held)
 Written = TypeVar("Written", set[UUID], dict[UUID, JobStatus])
 
 
+class Refill(Protocol):
+    """Who lets the writer claim jobs in its completion statement (the producer): it sets
+    slots aside for a claim, and takes the jobs claimed."""
+
+    def reserve(self) -> ClaimRequest | None:
+        """A claim for the slots free now (set aside until :meth:`hand_over`), or None."""
+        ...
+
+    def hand_over(self, claim: ClaimRequest, jobs: list[ClaimedJob]) -> None:
+        """The jobs ``claim`` brought (maybe none): they start; the slots left are free."""
+        ...
+
+
 class OutcomeWriter:
-    """Writes the outcomes of one worker's jobs."""
+    """Writes the outcomes of one worker's jobs. With a :attr:`refill`, the statement that
+    records completions also claims jobs for the slots free then: a dependent that a completion
+    unblocked starts on this worker at once, and a busy worker claims its next jobs without a
+    statement of its own."""
 
     def __init__(
         self,
@@ -68,6 +93,8 @@ class OutcomeWriter:
         self._cancelled: list[Held] = []
         self._lock = anyio.Lock()
         self._pending = anyio.Event()
+        #: Who takes the jobs claimed with completions; None: completions claim nothing.
+        self.refill: Refill | None = None
 
     # -- what runners hand over ------------------------------------------------------------
 
@@ -157,7 +184,9 @@ class OutcomeWriter:
     async def _write_completions(self) -> None:
         batch = list(self._done)
         refused: dict[UUID, str] = {}
-        written = await self._write(self._store.complete, batch, set(), refused)
+        written = await self._complete_and_claim(batch)
+        if written is None:
+            written = await self._write(self._store.complete, batch, set(), refused)
         del self._done[: len(batch)]
         self._stats.completed += len(written)
         if not refused:
@@ -170,6 +199,29 @@ class OutcomeWriter:
             for s in batch
             if s.job_id in refused
         )
+
+    async def _complete_and_claim(self, batch: list[Success]) -> set[UUID] | None:
+        """Writes ``batch`` and claims jobs for the free slots in one statement; answers the
+        ids written, or None when it claimed nothing because it could not (no refill, no free
+        slot) or the database refused the batch (then it is written as without a refill)."""
+        claim = self.refill.reserve() if self.refill is not None else None
+        if claim is None:
+            return None
+        jobs: list[ClaimedJob] = []
+        try:
+            written, jobs = await self._store.complete_and_claim(self._worker_id, batch, claim)
+        except DatabaseError as exc:
+            logger.error("batch write refused (%s); writing it without a claim", exc)
+            return None
+        finally:
+            assert self.refill is not None
+            if self._ledger.stopping:
+                # Claimed while the worker began to stop: back to the queue at once.
+                self._released.extend(Held(job.id, job.claim) for job in jobs)
+                self._pending.set()
+                jobs = []
+            self.refill.hand_over(claim, jobs)
+        return written
 
     async def _write_snoozes(self) -> None:
         batch = list(self._snoozed)
