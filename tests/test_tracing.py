@@ -374,3 +374,21 @@ async def test_the_api_continues_an_incoming_traceparent_when_no_span_is_current
     assert (f"{continued.trace_id:032x}", f"{continued.span_id:016x}") == (TRACE_ID, PARENT_ID)
     assert not junk.is_valid and not none.is_valid
     assert under_a_span == server.get_span_context()
+
+
+def test_tracing_asked_for_without_opentelemetry_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None\n"
+        "from notifyq.errors import ConfigurationError\n"
+        "from notifyq.settings import Settings\n"
+        "from notifyq.tracing import tracing\n"
+        "try:\n"
+        "    tracing(Settings(otel=True))\n"
+        "except ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert "pip install 'notifyq[otel]'" in done.stdout
