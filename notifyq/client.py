@@ -25,6 +25,7 @@ from notifyq.models import EnqueueResult, Job, JobSpec
 from notifyq.notifier import JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
+from notifyq.tracing import tracing
 from notifyq.watching import JobWatcher
 from notifyq.workflows import Part, Workflow, WorkflowResult, chain, plan
 
@@ -78,7 +79,11 @@ class Queue:
             self._pool = await stack.enter_async_context(
                 open_pool(settings, name="client", min_size=1)
             )
-            self._store = Store(self._pool, default_max_attempts=explicit_max_attempts(settings))
+            self._store = Store(
+                self._pool,
+                default_max_attempts=explicit_max_attempts(settings),
+                tracing=tracing(settings),
+            )
             stack.push_async_callback(self._stop_watching)
             self._stack = stack.pop_all()
         return self

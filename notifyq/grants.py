@@ -30,7 +30,7 @@ KINDS: tuple[Kind, ...] = ("producer", "worker")
 #: The columns of notifyq.jobs a producer may name in an INSERT (the rest are the engine's).
 PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "dedup_key",
                     "max_attempts", "created_at", "depends_on", "group_key",
-                    "workflow_id")  # fmt: skip
+                    "workflow_id", "trace_context")  # fmt: skip
 #: Tables whose rows a worker (or the API) reads and writes.
 WORKER_TABLES = (
     "jobs", "tasks", "queues", "periodic_ticks", "waiting_workers", "watched_jobs"

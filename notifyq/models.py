@@ -431,6 +431,9 @@ class ClaimedJob:
     run_at: float
     #: The results of the jobs it depends on, by id (text); None when it depends on none.
     dependencies: dict[str, Any] | None = None
+    #: The trace context it was enqueued in, as stored (``notifyq.tracing`` reads it, and
+    #: treats anything but an object of strings as none); None when it has none.
+    trace_context: Any = None
 
 
 @dataclass(frozen=True, slots=True)

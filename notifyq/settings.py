@@ -155,6 +155,12 @@ class Settings(BaseSettings):
         le=100_000,
         description="Open GET /jobs/{id}/events streams one API process serves at once.",
     )
+    otel: bool = Field(
+        default=False,
+        description="Trace enqueues and attempts with OpenTelemetry (the otel extra): spans go "
+        "to the process's tracer provider, and each job keeps the trace context it was "
+        "enqueued in.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = Field(
         default="text", description="text for people, json for one object per line."

@@ -44,6 +44,7 @@ from notifyq.models import EnqueueResult, Job, JobSpec
 from notifyq.notifier import JOB_CHANNEL, POOLED, PROBE_CHANNEL, PROBE_WAIT
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import SyncStore
+from notifyq.tracing import tracing
 from notifyq.watching import WATCH_TTL
 from notifyq.workflows import Part, Workflow, WorkflowResult, chain, plan
 
@@ -213,7 +214,9 @@ class SyncQueue:
             if self._store is None:
                 self._pool = open_sync_pool(self._settings, name="client", min_size=1)
                 self._store = SyncStore(
-                    self._pool, default_max_attempts=explicit_max_attempts(self._settings)
+                    self._pool,
+                    default_max_attempts=explicit_max_attempts(self._settings),
+                    tracing=tracing(self._settings),
                 )
             return self._store
 

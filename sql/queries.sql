@@ -48,25 +48,28 @@ WITH input AS MATERIALIZED (
 SELECT pg_catalog.now(), (SELECT pg_catalog.count(*) FROM inserted),
        (SELECT pg_catalog.array_agg(id ORDER BY ord) FROM input)
 
--- With a dedup_key, a task to take from the payload, dependencies, a group, a workflow or an id
--- of its own: notifyq.enqueue_v3 (sql/005) applies the duplicate rule and the defaults.
+-- With a dedup_key, a task to take from the payload, dependencies, a group, a workflow, an id
+-- of its own or a trace context: notifyq.enqueue_v4 (sql/007) applies the duplicate rule and the
+-- defaults.
 -- name: enqueue
 SELECT job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_v3(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
+FROM notifyq.enqueue_v4(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
                         %(priority)s::integer, %(run_at)s::timestamptz, %(delay)s::float8,
                         %(dedup_key)s::text, %(max_attempts)s::integer, %(fallback)s::integer,
                         %(depends_on)s::uuid[], %(group_key)s::text, %(workflow_id)s::uuid,
-                        %(id)s::uuid)
+                        %(id)s::uuid, %(trace_context)s::jsonb)
 
--- A batch of such jobs: notifyq.enqueue_many_v3. Each job's depends_on goes as the text of an
--- array ('{}' for none): an array of arrays must be rectangular.
+-- A batch of such jobs: notifyq.enqueue_many_v4. Each job's depends_on goes as the text of an
+-- array ('{}' for none): an array of arrays must be rectangular. One trace context (or NULL) for
+-- the whole batch.
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_many_v3(
+FROM notifyq.enqueue_many_v4(
     %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[], %(priorities)b::integer[],
     %(run_ats)b::timestamptz[], %(delays)b::float8[], %(dedup_keys)b::text[],
     %(max_attempts)b::integer[], %(fallback)s::integer, %(depends_on)b::text[],
-    %(group_keys)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[])
+    %(group_keys)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[],
+    %(trace_context)s::jsonb)
 ORDER BY ord
 
 -- name: get_job
@@ -76,11 +79,12 @@ SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_at
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
--- See notifyq.claim_v3 (sql/005): with the results of the jobs each depends on.
+-- See notifyq.claim_v4 (sql/007): with the results of the jobs each depends on, and the trace
+-- context each was enqueued in.
 -- name: claim_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
-       claims AS claim, created_at, run_at, dependencies
-FROM notifyq.claim_v3(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
+       claims AS claim, created_at, run_at, dependencies, trace_context
+FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
                       %(lease)s::float8, %(probe)s)
 
 -- Seconds until the worker's next delayed job is due (see notifyq.next_due_v2).
@@ -344,11 +348,11 @@ SELECT name, CASE WHEN NOT paused THEN notifyq.wake_v1(ARRAY[name]) END FROM cha
 SELECT max(version) FROM notifyq.migrations;
 
 -- Claims jobs under a task's concurrency or rate limit, or a queue's rate limit (see
--- notifyq.claim_limited_v3).
+-- notifyq.claim_limited_v4, sql/007).
 -- name: claim_limited_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
-       claims AS claim, created_at, run_at, dependencies
-FROM notifyq.claim_limited_v3(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
+       claims AS claim, created_at, run_at, dependencies, trace_context
+FROM notifyq.claim_limited_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[],
                               %(limit)s, %(lease)s::float8);
 
 -- Whether the worker must use the limited claim (see notifyq.limits_exist_v1).

@@ -607,6 +607,15 @@ END;
 $$;
 
 CREATE FUNCTION notifyq.claim_limited_v3(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT c.id, c.task, c.queue, c.payload, c.priority, c.attempt_count, c.max_attempts,
+           c.claims, c.created_at, c.run_at, c.dependencies
+    FROM notifyq.claim_limited_v4(p_worker_id, p_tasks, p_queues, p_limit, p_lease) AS c;
+$$;
+
+CREATE FUNCTION notifyq.claim_limited_v4(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -700,7 +709,7 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH claimed AS (
-        SELECT * FROM notifyq.start_jobs_v2(p_worker_id, v_ids, p_lease)
+        SELECT * FROM notifyq.start_jobs_v3(p_worker_id, v_ids, p_lease)
     ), spent_tasks AS (
         UPDATE notifyq.tasks AS t SET rate_tokens = t.rate_tokens - c.n
         FROM (SELECT claimed.task, count(*) AS n FROM claimed GROUP BY claimed.task) AS c
@@ -794,6 +803,15 @@ END;
 $$;
 
 CREATE FUNCTION notifyq.claim_v3(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision, p_probe boolean) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT c.id, c.task, c.queue, c.payload, c.priority, c.attempt_count, c.max_attempts,
+           c.claims, c.created_at, c.run_at, c.dependencies
+    FROM notifyq.claim_v4(p_worker_id, p_tasks, p_queues, p_limit, p_lease, p_probe) AS c;
+$$;
+
+CREATE FUNCTION notifyq.claim_v4(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision, p_probe boolean) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_sort TO 'off'
@@ -823,7 +841,7 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM notifyq.start_jobs_v2(p_worker_id, v_ids, p_lease);
+    RETURN QUERY SELECT * FROM notifyq.start_jobs_v3(p_worker_id, v_ids, p_lease);
 END;
 $$;
 
@@ -1061,6 +1079,16 @@ END;
 $$;
 
 CREATE FUNCTION notifyq.enqueue_many_v3(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT * FROM notifyq.enqueue_many_v4(p_tasks, p_payloads, p_queues, p_priorities,
+                                          p_run_ats, p_delays, p_dedup_keys, p_max_attempts,
+                                          p_fallback, p_depends_on, p_group_keys,
+                                          p_workflow_ids, p_ids, NULL);
+$$;
+
+CREATE FUNCTION notifyq.enqueue_many_v4(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1084,9 +1112,9 @@ BEGIN
              AS u(payload, run_at, delay, dedup_key, depends_on, group_key, workflow_id, id, ord)
     ), inserted AS (
         INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts,
-                                  depends_on, group_key, workflow_id)
+                                  depends_on, group_key, workflow_id, trace_context)
         SELECT i.id, d.task, i.payload, d.queue, d.priority, i.run_at, d.max_attempts,
-               i.depends_on, i.group_key, i.workflow_id
+               i.depends_on, i.group_key, i.workflow_id, p_trace_context
         FROM input AS i
         JOIN notifyq.job_defaults_v1(p_tasks, p_payloads, p_queues, p_priorities,
                                      p_max_attempts, p_fallback) AS d ON d.ord = i.ord
@@ -1112,9 +1140,10 @@ BEGIN
         LOOP
             RETURN QUERY
             SELECT r.ord::integer, e.job_id, e.duplicate, e.status, e.run_at, e.created_at
-            FROM notifyq.enqueue_v3(r.task, r.payload, r.queue, r.priority, r.run_at, r.delay,
+            FROM notifyq.enqueue_v4(r.task, r.payload, r.queue, r.priority, r.run_at, r.delay,
                                     r.dedup_key, r.max_attempts, p_fallback,
-                                    r.depends_on::uuid[], r.group_key, r.workflow_id, r.id) AS e;
+                                    r.depends_on::uuid[], r.group_key, r.workflow_id, r.id,
+                                    p_trace_context) AS e;
         END LOOP;
     END IF;
 END;
@@ -1177,6 +1206,15 @@ CREATE FUNCTION notifyq.enqueue_v2(p_task text, p_payload jsonb, p_queue text, p
 $$;
 
 CREATE FUNCTION notifyq.enqueue_v3(p_task text, p_payload jsonb, p_queue text, p_priority integer, p_run_at timestamp with time zone, p_delay double precision, p_dedup_key text, p_max_attempts integer, p_fallback integer, p_depends_on uuid[], p_group_key text, p_workflow_id uuid, p_id uuid) RETURNS TABLE(job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT * FROM notifyq.enqueue_v4(p_task, p_payload, p_queue, p_priority, p_run_at, p_delay,
+                                     p_dedup_key, p_max_attempts, p_fallback, p_depends_on,
+                                     p_group_key, p_workflow_id, p_id, NULL);
+$$;
+
+CREATE FUNCTION notifyq.enqueue_v4(p_task text, p_payload jsonb, p_queue text, p_priority integer, p_run_at timestamp with time zone, p_delay double precision, p_dedup_key text, p_max_attempts integer, p_fallback integer, p_depends_on uuid[], p_group_key text, p_workflow_id uuid, p_id uuid, p_trace_context jsonb) RETURNS TABLE(job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1194,17 +1232,18 @@ BEGIN
     LOOP
         INSERT INTO notifyq.jobs AS j
             (id, task, payload, queue, priority, run_at, dedup_key, max_attempts, depends_on,
-             group_key, workflow_id)
+             group_key, workflow_id, trace_context)
         VALUES (v_new_id, d.task, v_payload, d.queue, d.priority,
                 coalesce(p_run_at, now() + make_interval(secs => coalesce(p_delay, 0))),
                 p_dedup_key, d.max_attempts, coalesce(p_depends_on, '{}'), p_group_key,
-                p_workflow_id)
+                p_workflow_id, p_trace_context)
         ON CONFLICT (queue, dedup_key)
             WHERE status IN ('waiting', 'queued') AND dedup_key IS NOT NULL
         DO UPDATE SET payload = EXCLUDED.payload,
                       priority = EXCLUDED.priority,
                       run_at = EXCLUDED.run_at,
-                      max_attempts = EXCLUDED.max_attempts
+                      max_attempts = EXCLUDED.max_attempts,
+                      trace_context = coalesce(EXCLUDED.trace_context, j.trace_context)
             WHERE j.status IN ('waiting', 'queued')
         RETURNING j.id, j.queue, j.status, j.run_at, j.created_at, j.group_blocked,
                   j.depends_on, j.group_key INTO v_job;
@@ -2208,6 +2247,15 @@ END;
 $$;
 
 CREATE FUNCTION notifyq.start_jobs_v2(p_worker_id text, p_ids uuid[], p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT s.id, s.task, s.queue, s.payload, s.priority, s.attempt_count, s.max_attempts,
+           s.claims, s.created_at, s.run_at, s.dependencies
+    FROM notifyq.start_jobs_v3(p_worker_id, p_ids, p_lease) AS s;
+$$;
+
+CREATE FUNCTION notifyq.start_jobs_v3(p_worker_id text, p_ids uuid[], p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -2234,7 +2282,8 @@ BEGIN
               CASE WHEN cardinality(j.depends_on) > 0 THEN
                   (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs AS p
                    WHERE p.id = ANY(j.depends_on))
-              END;
+              END,
+              j.trace_context;
     PERFORM notifyq.announce_v1(p_ids);
 END;
 $$;
@@ -2327,6 +2376,7 @@ CREATE TABLE notifyq.jobs (
     group_seq bigint,
     group_blocked boolean DEFAULT false NOT NULL,
     progress jsonb,
+    trace_context jsonb,
     CONSTRAINT jobs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT jobs_claims_check CHECK ((claims >= 0)),
     CONSTRAINT jobs_depends_on_check CHECK ((cardinality(depends_on) <= 1000)),
@@ -2411,6 +2461,9 @@ ALTER TABLE ONLY notifyq.jobs
 
 ALTER TABLE notifyq.jobs
     ADD CONSTRAINT jobs_times_in_range CHECK ((((run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((started_at IS NULL) OR ((started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((finished_at IS NULL) OR ((finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((lease_expires_at IS NULL) OR ((lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((heartbeat_at IS NULL) OR ((heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((cancel_requested_at IS NULL) OR ((cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))))) NOT VALID;
+
+ALTER TABLE notifyq.jobs
+    ADD CONSTRAINT jobs_trace_context_bounded CHECK (((trace_context IS NULL) OR ((jsonb_typeof(trace_context) = 'object'::text) AND (octet_length((trace_context)::text) <= 1024)))) NOT VALID;
 
 ALTER TABLE ONLY notifyq.migrations
     ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);

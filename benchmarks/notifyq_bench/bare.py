@@ -62,6 +62,7 @@ CREATE TABLE bench.jobs (
     group_seq        bigint,
     group_blocked    boolean NOT NULL DEFAULT false,
     progress         jsonb CHECK (progress IS NULL OR jsonb_typeof(progress) = 'object'),
+    trace_context    jsonb,
     CONSTRAINT jobs_times_in_range CHECK (
         run_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'
         AND created_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'
@@ -78,6 +79,11 @@ CREATE TABLE bench.jobs (
     )
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 1);
+-- As sql/007 adds it to notifyq.jobs (NOT VALID there: existing rows are not read again).
+ALTER TABLE bench.jobs ADD CONSTRAINT jobs_trace_context_bounded CHECK (
+    trace_context IS NULL
+    OR (jsonb_typeof(trace_context) = 'object' AND octet_length(trace_context::text) <= 1024)
+) NOT VALID;
 CREATE INDEX ON bench.jobs (priority DESC, run_at, id)
     WHERE status = 'queued' AND NOT group_blocked;
 CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued' AND NOT group_blocked;

@@ -33,6 +33,7 @@ from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tasks import Registry
+from notifyq.tracing import tracing
 from notifyq.watching import JobWatcher
 from notifyq.worker import Supervisor, Worker
 
@@ -69,6 +70,7 @@ def create_app(
     # DATABASE_URL in production must not create a second, empty job store.
     require_database(settings)
     metrics = Metrics()
+    tracer = tracing(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,7 +83,9 @@ def create_app(
             open_pool(settings, name="api", min_size=1, max_size=size, wait=False) as pool,
             anyio.create_task_group() as background,
         ):
-            store = Store(pool, default_max_attempts=explicit_max_attempts(settings))
+            store = Store(
+                pool, default_max_attempts=explicit_max_attempts(settings), tracing=tracer
+            )
             app.state.store = store
             listener = _listener(settings)
             background.start_soon(_keep_listening, listener)
@@ -119,6 +123,8 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.scrape_lock = anyio.Lock()
+    if tracer.enabled:
+        app.add_middleware(middleware.TraceContext, tracing=tracer)
     app.add_middleware(middleware.BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(

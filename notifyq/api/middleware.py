@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 
 from notifyq.guards import usable_token
 from notifyq.settings import Settings
+from notifyq.tracing import Tracing
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -42,6 +43,35 @@ AUTHENTICATED = "notifyq.authenticated"
 
 
 # -- body size ----------------------------------------------------------------------------
+
+
+class TraceContext:
+    """Makes an incoming request's W3C trace context (``traceparent``, ``tracestate``) current
+    while the app serves it, so that the jobs it enqueues continue the caller's trace. Installed
+    only with tracing on; under an instrumented server (whose span is then current) it does
+    nothing."""
+
+    def __init__(self, app: ASGIApp, tracing: Tracing) -> None:
+        self.app = app
+        self.tracing = tracing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        found = {}
+        for name, value in scope["headers"]:
+            if name in _TRACE_HEADERS:
+                found[_TRACE_HEADERS[name]] = value.decode("latin-1")
+        if not found:
+            await self.app(scope, receive, send)
+            return
+        with self.tracing.incoming(found):
+            await self.app(scope, receive, send)
+
+
+#: The headers of a W3C trace context, as ASGI gives them, and their carrier keys.
+_TRACE_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate"}
 
 
 class BodyLimit:

@@ -30,6 +30,7 @@ from notifyq.models import EnqueueResult, JobSpec
 from notifyq.settings import explicit_max_attempts
 from notifyq.store import SyncStore
 from notifyq.sync_client import SyncQueue
+from notifyq.tracing import tracing
 from notifyq.workflows import Part, Workflow, WorkflowResult, chain, plan
 
 __all__ = [
@@ -160,6 +161,7 @@ def _producer() -> SyncStore:
             _store = SyncStore(
                 ConnectionPool("", open=False),
                 default_max_attempts=explicit_max_attempts(settings),
+                tracing=tracing(settings),
             )
         return _store
 

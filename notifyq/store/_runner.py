@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from notifyq.db import translate_errors
 from notifyq.queries import load_queries
+from notifyq.tracing import NO_TRACING, Tracing
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -74,13 +75,19 @@ class Runner:
     never handle psycopg's own."""
 
     def __init__(
-        self, pool: AsyncConnectionPool, *, default_max_attempts: int | None = None
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        default_max_attempts: int | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         """``default_max_attempts`` applies to jobs whose submission and task set none; None
-        leaves it to the database's default (``notifyq.settings``)."""
+        leaves it to the database's default (``notifyq.settings``). ``tracing`` makes the span
+        of each enqueue and the trace context its jobs keep (see :mod:`notifyq.tracing`)."""
         self._pool = pool
         self._q = load_queries()
         self._default_max_attempts = default_max_attempts
+        self._tracing = tracing
 
     async def _all(
         self,

@@ -28,9 +28,11 @@ class Submitting(Runner):
 
     async def enqueue(self, spec: JobSpec, *, conn: Conn | None = None) -> EnqueueResult:
         """Enqueues one job with the duplicate rule; in ``conn``'s transaction when given."""
-        query, params = enqueue_statement(spec, self._default_max_attempts)
-        result = await self._one(query, params, RESULT, what="enqueue", conn=conn)
-        assert result is not None, "an enqueue answers a row"
+        with self._tracing.send((spec,), batch=False) as span:
+            query, params = enqueue_statement(spec, self._default_max_attempts, span.context)
+            result = await self._one(query, params, RESULT, what="enqueue", conn=conn)
+            assert result is not None, "an enqueue answers a row"
+            span.sent((result,), ((spec,),))
         return result
 
     async def enqueue_many(
@@ -42,10 +44,18 @@ class Submitting(Runner):
 
         Up to ENQUEUE_CHUNK jobs go as one statement. A larger batch goes as one statement per
         chunk, in one pipeline: each chunk is sent as soon as ``specs`` has yielded it, so that
-        PostgreSQL inserts it while the next one is validated and encoded."""
+        PostgreSQL inserts it while the next one is validated and encoded. One span for the
+        whole batch, whose trace context every job keeps."""
         batch = Batch(specs, self._default_max_attempts)
         if batch.empty:
             return []
+        with self._tracing.send(batch.chunks[0], batch=True) as span:
+            batch.trace_context = span.context
+            results = await self._enqueue_batch(batch, conn)
+            span.sent(results, batch.chunks)
+        return results
+
+    async def _enqueue_batch(self, batch: Batch, conn: Conn | None) -> list[EnqueueResult]:
         if batch.small:
             name, chunk, params = batch.first()
             rows = await self._all(name, params, tuple_row, what="enqueue", conn=conn)
@@ -86,6 +96,8 @@ class Batch:
         self._fallback = fallback
         #: The chunks taken so far (the first one at once).
         self.chunks = [list(islice(self._pending, ENQUEUE_CHUNK))]
+        #: The trace context every job of the batch keeps (JSON text), or None.
+        self.trace_context: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -110,21 +122,29 @@ class Batch:
                 if not chunk:
                     return
                 self.chunks.append(chunk)
-            name, params = many_statement(self.chunks[index], self._fallback)
+            name, params = many_statement(self.chunks[index], self._fallback, self.trace_context)
             yield name, self.chunks[index], params
 
 
-def enqueue_statement(spec: JobSpec, fallback: int | None) -> tuple[str, dict[str, Any]]:
+def enqueue_statement(
+    spec: JobSpec, fallback: int | None, trace_context: str | None = None
+) -> tuple[str, dict[str, Any]]:
     """The query that enqueues one job, and its parameters: a plain INSERT without a dedup key,
-    a task to resolve in SQL, dependencies or a group; else ``notifyq.enqueue_v3``.
-    ``fallback`` is the max_attempts of a job whose submission and task set none."""
-    query = "enqueue_plain" if spec.plain else "enqueue"
-    return query, _spec_params(spec) | {"fallback": fallback}
+    a task to resolve in SQL, dependencies, a group or a trace context; else
+    ``notifyq.enqueue_v4``. ``fallback`` is the max_attempts of a job whose submission and task
+    set none; ``trace_context`` the JSON text of the trace context it keeps."""
+    # A traced job goes through enqueue_v4 (SECURITY DEFINER): the plain INSERT names only the
+    # columns a producer role of an earlier version was granted.
+    if spec.plain and trace_context is None:
+        return "enqueue_plain", _spec_params(spec) | {"fallback": fallback}
+    return "enqueue", _spec_params(spec) | {"fallback": fallback, "trace_context": trace_context}
 
 
-def many_statement(specs: list[JobSpec], fallback: int | None) -> tuple[str, dict[str, Any]]:
+def many_statement(
+    specs: list[JobSpec], fallback: int | None, trace_context: str | None = None
+) -> tuple[str, dict[str, Any]]:
     """The query that enqueues ``specs`` in one statement (see :func:`many_results`), and its
-    parameters."""
+    parameters; ``trace_context`` is kept by every one of them (see :func:`enqueue_statement`)."""
     tasks = [s.task for s in specs]
     payloads = [s.payload_json for s in specs]
     queues = [s.queue for s in specs]
@@ -132,7 +152,7 @@ def many_statement(specs: list[JobSpec], fallback: int | None) -> tuple[str, dic
     run_ats = [s.run_at for s in specs]
     max_attempts = [s.max_attempts for s in specs]
     dedup_keys = [s.dedup_key for s in specs]
-    if not all(s.plain for s in specs):
+    if trace_context is not None or not all(s.plain for s in specs):
         return "enqueue_many", {
             "tasks": tasks,
             "payloads": payloads,
@@ -147,6 +167,7 @@ def many_statement(specs: list[JobSpec], fallback: int | None) -> tuple[str, dic
             "group_keys": _sparse([s.group_key for s in specs]),
             "workflow_ids": _sparse([s.workflow_id for s in specs]),
             "ids": _sparse([s.id for s in specs]),
+            "trace_context": trace_context,
         }
     # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
     # the ids in input order. A column that no job sets goes as one NULL.

@@ -29,6 +29,7 @@ from notifyq.store._submit import (
     many_results,
     opens_a_transaction,
 )
+from notifyq.tracing import NO_TRACING, Tracing
 
 __all__ = ["SyncConn", "SyncStore"]
 
@@ -44,18 +45,28 @@ class SyncStore:
     """Runs the statements of a producer (enqueue, read, watch a job) against ``pool``, or in
     the transaction of a connection the caller passes."""
 
-    def __init__(self, pool: ConnectionPool, *, default_max_attempts: int | None = None) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        *,
+        default_max_attempts: int | None = None,
+        tracing: Tracing = NO_TRACING,
+    ) -> None:
         """``default_max_attempts`` applies to jobs whose submission and task set none; None
-        leaves it to the database's default (``notifyq.settings``)."""
+        leaves it to the database's default (``notifyq.settings``). ``tracing``: as the async
+        store's."""
         self._pool = pool
         self._q = load_queries()
         self._default_max_attempts = default_max_attempts
+        self._tracing = tracing
 
     def enqueue(self, spec: JobSpec, *, conn: SyncConn | None = None) -> EnqueueResult:
         """Enqueues one job with the duplicate rule; in ``conn``'s transaction when given."""
-        query, params = enqueue_statement(spec, self._default_max_attempts)
-        result = self._one(query, params, RESULT, what="enqueue", conn=conn)
-        assert result is not None, "an enqueue answers a row"
+        with self._tracing.send((spec,), batch=False) as span:
+            query, params = enqueue_statement(spec, self._default_max_attempts, span.context)
+            result = self._one(query, params, RESULT, what="enqueue", conn=conn)
+            assert result is not None, "an enqueue answers a row"
+            span.sent((result,), ((spec,),))
         return result
 
     def enqueue_many(
@@ -67,6 +78,13 @@ class SyncStore:
         batch = Batch(specs, self._default_max_attempts)
         if batch.empty:
             return []
+        with self._tracing.send(batch.chunks[0], batch=True) as span:
+            batch.trace_context = span.context
+            results = self._enqueue_batch(batch, conn)
+            span.sent(results, batch.chunks)
+        return results
+
+    def _enqueue_batch(self, batch: Batch, conn: SyncConn | None) -> list[EnqueueResult]:
         if batch.small:
             name, chunk, params = batch.first()
             rows = self._all(name, params, tuple_row, what="enqueue", conn=conn)

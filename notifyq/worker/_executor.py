@@ -27,6 +27,7 @@ from notifyq.errors import InvalidJob, PermanentFailure, Snooze
 from notifyq.models import ClaimedJob, Failure, Snoozed, Success, Undecodable, encode_json
 from notifyq.retry import Backoff
 from notifyq.tasks import Task
+from notifyq.tracing import NO_TRACING, Processing, Tracing
 from notifyq.worker._telemetry import Telemetry
 
 __all__ = ["MAX_ERROR_LENGTH", "Executor", "Outcome", "ProgressReports", "describe_failure"]
@@ -48,7 +49,8 @@ _NO_DEPENDENCIES: Mapping[str, Any] = MappingProxyType({})
 class Executor:
     """Runs attempts for one worker: ``backoff`` is the retry policy of tasks that set none;
     ``limiter`` bounds the threads of plain-function handlers; ``progress`` is where the
-    progress reports of every attempt go, with the job's id and claim first."""
+    progress reports of every attempt go, with the job's id and claim first; ``tracing`` makes
+    the span each attempt runs in (see :mod:`notifyq.tracing`)."""
 
     def __init__(
         self,
@@ -58,30 +60,39 @@ class Executor:
         limiter: anyio.CapacityLimiter,
         telemetry: Telemetry,
         progress: ProgressReports | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self._worker_id = worker_id
         self._backoff = backoff
         self._limiter = limiter
         self._telemetry = telemetry
         self._progress = progress
+        self._tracing = tracing
 
     async def attempt(self, job: ClaimedJob, task: Task) -> Outcome:
         """Runs the handler once and answers its outcome."""
         started = time.monotonic()
-        outcome = await self._attempt(job, task, started)
+        if self._tracing.enabled:
+            with self._tracing.process(job) as span:
+                outcome = await self._attempt(job, task, started, span)
+                span.ended(_OUTCOMES[type(outcome)])
+        else:
+            outcome = await self._attempt(job, task, started, _UNTRACED)
         self._telemetry.ran(job, outcome.seconds)
         return outcome
 
-    async def _attempt(self, job: ClaimedJob, task: Task, started: float) -> Outcome:
+    async def _attempt(
+        self, job: ClaimedJob, task: Task, started: float, span: Processing
+    ) -> Outcome:
         if isinstance(job.payload, Undecodable):
             # Stored by SQL, unreadable: this job can never run. Fail it at once, and only it.
             reason = f"the job's payload cannot be used: {job.payload.reason}"
-            return self._failure(job, task, reason, started, retryable=False)
+            return self._failure(job, task, reason, started, span, retryable=False)
         if isinstance(job.dependencies, Undecodable):
             reason = (
                 f"the results of the jobs it depends on cannot be used: {job.dependencies.reason}"
             )
-            return self._failure(job, task, reason, started, retryable=False)
+            return self._failure(job, task, reason, started, span, retryable=False)
         context = JobContext(
             job.id,
             job.task,
@@ -105,7 +116,8 @@ class Executor:
         except Snooze as snooze:
             return Snoozed(job.id, job.claim, snooze.seconds, time.monotonic() - started)
         except PermanentFailure as exc:
-            return self._failure(job, task, describe_failure(exc), started, retryable=False)
+            error = describe_failure(exc)
+            return self._failure(job, task, error, started, span, retryable=False, exc=exc)
         except Exception as exc:
             logger.warning(
                 "job %s (%s) attempt %d/%d failed after %.3fs: %s",
@@ -118,23 +130,44 @@ class Executor:
                 exc_info=logger.isEnabledFor(logging.DEBUG),
             )
             error = describe_failure(exc, with_traceback=True)
-            return self._failure(job, task, error, started, retryable=True)
+            return self._failure(job, task, error, started, span, retryable=True, exc=exc)
         if timed_out:
             error = (
                 f"TimeoutError: task {task.name!r} ran past its {task.timeout:g}s timeout and "
                 "was cancelled"
             )
-            return self._failure(job, task, error, started, retryable=True)
+            return self._failure(
+                job, task, error, started, span, retryable=True, error_type="TimeoutError"
+            )
         try:
             result_json = encode_json(result, what=f"the result of task {task.name!r}")
         except InvalidJob as exc:
-            return self._failure(job, task, str(exc), started, retryable=False)
+            return self._failure(job, task, str(exc), started, span, retryable=False, exc=exc)
         return Success(job.id, job.claim, result_json, time.monotonic() - started)
 
     def _failure(
-        self, job: ClaimedJob, task: Task, error: str, started: float, *, retryable: bool
+        self,
+        job: ClaimedJob,
+        task: Task,
+        error: str,
+        started: float,
+        span: Processing,
+        *,
+        retryable: bool,
+        exc: BaseException | None = None,
+        error_type: str = "notifyq.UnusableJob",
     ) -> Failure:
+        """The failed attempt, told to its span: ``exc`` when the handler raised it (its class
+        is the ``error_type`` then)."""
         backoff = task.backoff or self._backoff
+        if exc is not None:
+            error_type = _error_type(exc)
+        span.failed(
+            error,
+            exc,
+            error_type=error_type,
+            will_retry=retryable and job.attempt < job.max_attempts,
+        )
         return Failure(
             job.id,
             job.claim,
@@ -143,6 +176,24 @@ class Executor:
             backoff.delay(job.attempt),
             time.monotonic() - started,
         )
+
+
+#: The span of an attempt that is not traced.
+_UNTRACED = Processing()
+#: The ``notifyq.outcome`` of each kind of outcome.
+_OUTCOMES: dict[type[Outcome], str] = {
+    Success: "completed",
+    Failure: "failed",
+    Snoozed: "snoozed",
+}
+
+
+def _error_type(exc: BaseException) -> str:
+    """``error.type`` of an exception: its class, qualified by its module unless a built-in."""
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def describe_failure(exc: BaseException, *, with_traceback: bool = False) -> str:

@@ -29,6 +29,7 @@ from notifyq.retry import Backoff, CircuitBreaker
 from notifyq.settings import Settings
 from notifyq.store import Store
 from notifyq.tasks import Registry, Task
+from notifyq.tracing import tracing
 from notifyq.worker._executor import Executor
 from notifyq.worker._heartbeat import Heartbeat
 from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
@@ -90,6 +91,7 @@ class Worker:
         self._metrics = metrics
         self._report_depth = report_depth and metrics is not None
         self._telemetry: Telemetry = telemetry(metrics)
+        self._tracing = tracing(settings)
         self._ledger: Ledger | None = None
         self._stopping = False
         self._connected_once = False
@@ -234,6 +236,7 @@ class Worker:
             limiter=anyio.CapacityLimiter(s.concurrency),
             telemetry=self._telemetry,
             progress=progress.report,
+            tracing=self._tracing,
         )
 
     def _producer(
