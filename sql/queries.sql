@@ -103,7 +103,7 @@ SELECT id FROM notifyq.complete_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::i
 -- written; the others are the jobs claimed.
 -- name: complete_and_claim_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
-       claims AS claim, created_at, run_at, dependencies
+       claims AS claim, created_at, run_at, dependencies, trace_context
 FROM notifyq.complete_and_claim_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                                    %(results)b::jsonb[], %(tasks)b::text[], %(queues)b::text[],
                                    %(take)s, %(lease)s::float8)

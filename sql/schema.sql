@@ -852,7 +852,7 @@ CREATE FUNCTION notifyq.clock_v1() RETURNS timestamp with time zone
     SELECT now();
 $$;
 
-CREATE FUNCTION notifyq.complete_and_claim_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[], p_tasks text[], p_queues text[], p_take integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
+CREATE FUNCTION notifyq.complete_and_claim_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[], p_tasks text[], p_queues text[], p_take integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET jit TO 'off'
@@ -860,11 +860,11 @@ CREATE FUNCTION notifyq.complete_and_claim_v1(p_worker_id text, p_ids uuid[], p_
 BEGIN
     RETURN QUERY
     SELECT c.id, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
-           NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb
+           NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb, NULL::jsonb
     FROM notifyq.complete_v3(p_worker_id, p_ids, p_claims, p_results) AS c(id);
     IF p_take > 0 THEN
         RETURN QUERY
-        SELECT * FROM notifyq.claim_v3(p_worker_id, p_tasks, p_queues, p_take, p_lease, false);
+        SELECT * FROM notifyq.claim_v4(p_worker_id, p_tasks, p_queues, p_take, p_lease, false);
     END IF;
 END;
 $$;
