@@ -221,6 +221,14 @@ SELECT notifyq.mark_busy_v1(%(worker_id)s);
 -- name: refresh_waiting
 SELECT notifyq.refresh_waiting_v1(%(worker_id)s, %(ttl)s::float8);
 
+-- Takes or keeps the lead of a role for a while; answers whether this worker leads (see
+-- notifyq.lead_v1, sql/010).
+-- name: lead
+SELECT notifyq.lead_v1(%(role)s, %(holder)s, %(ttl)s::float8);
+
+-- name: resign
+SELECT notifyq.resign_v1(%(role)s, %(holder)s);
+
 -- Deletes the idle marks and the watches that their processes stopped refreshing.
 -- name: prune_waiting
 SELECT notifyq.prune_marks_v1();

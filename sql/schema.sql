@@ -1482,6 +1482,21 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.lead_v1(p_role text, p_holder text, p_ttl double precision) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH taken AS (
+        INSERT INTO notifyq.leaders AS l (role, holder, expires_at)
+        VALUES (p_role, p_holder, now() + make_interval(secs => p_ttl))
+        ON CONFLICT (role) DO UPDATE
+        SET holder = excluded.holder, expires_at = excluded.expires_at
+        WHERE l.holder = excluded.holder OR l.expires_at < now()
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM taken);
+$$;
+
 CREATE FUNCTION notifyq.limits_exist_v1(p_tasks text[]) RETURNS boolean
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2043,6 +2058,13 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.resign_v1(p_role text, p_holder text) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    DELETE FROM notifyq.leaders WHERE role = p_role AND holder = p_holder;
+$$;
+
 CREATE FUNCTION notifyq.resolve_task_v1(p_task text, p_payload jsonb) RETURNS text
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2391,6 +2413,12 @@ CREATE TABLE notifyq.jobs (
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
 
+CREATE UNLOGGED TABLE notifyq.leaders (
+    role text NOT NULL,
+    holder text NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
 CREATE TABLE notifyq.migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -2464,6 +2492,9 @@ ALTER TABLE notifyq.jobs
 
 ALTER TABLE notifyq.jobs
     ADD CONSTRAINT jobs_trace_context_bounded CHECK (((trace_context IS NULL) OR ((jsonb_typeof(trace_context) = 'object'::text) AND (octet_length((trace_context)::text) <= 1024)))) NOT VALID;
+
+ALTER TABLE ONLY notifyq.leaders
+    ADD CONSTRAINT leaders_pkey PRIMARY KEY (role);
 
 ALTER TABLE ONLY notifyq.migrations
     ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);

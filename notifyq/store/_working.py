@@ -244,6 +244,17 @@ class Working(Runner):
         params = {"worker_id": worker_id, "ttl": ttl}
         await self._execute("refresh_waiting", params, what="refreshing the idle mark")
 
+    async def lead(self, role: str, holder: str, ttl: float) -> bool:
+        """Takes or keeps the lead of ``role`` for ``ttl`` seconds; answers whether ``holder``
+        leads now (see notifyq.lead_v1)."""
+        params = {"role": role, "holder": holder, "ttl": ttl}
+        return bool(await self._value("lead", params, what="taking the lead"))
+
+    async def resign(self, role: str, holder: str) -> None:
+        """Gives up the lead of ``role``, if ``holder`` has it."""
+        params = {"role": role, "holder": holder}
+        await self._execute("resign", params, what="giving up the lead")
+
     async def prune_waiting(self) -> None:
         """Deletes the idle marks of workers that stopped refreshing them, and the watches of
         processes that stopped refreshing theirs."""

@@ -13,6 +13,7 @@ from notifyq.errors import NotifyQError
 from notifyq.metrics import Metrics
 from notifyq.models import JobStatus
 from notifyq.settings import Settings
+from notifyq.worker._leadership import Leadership
 from notifyq.worker._store import WorkerStore
 
 __all__ = ["DEPTH_INTERVAL", "DepthReport", "Retention", "prune"]
@@ -45,17 +46,24 @@ async def prune(store: WorkerStore, settings: Settings, *, batch: int = 1000) ->
 
 class Retention:
     """Deletes finished jobs past their keep time, in small batches, every
-    ``NOTIFYQ_PRUNE_INTERVAL``, so that the hot table stays small. Every worker does it; SKIP
-    LOCKED keeps them out of each other's way."""
+    ``NOTIFYQ_PRUNE_INTERVAL``, so that the hot table stays small. Only the worker that leads
+    the maintenance does it (without ``leadership``: this one); SKIP LOCKED keeps two out of
+    each other's way while the lead moves."""
 
-    def __init__(self, store: WorkerStore, settings: Settings) -> None:
+    def __init__(
+        self, store: WorkerStore, settings: Settings, leadership: Leadership | None = None
+    ) -> None:
         self._store = store
         self._settings = settings
+        self._leadership = leadership
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Prunes at once, then every interval, until cancelled."""
         task_status.started()
         while True:
+            if self._leadership is not None and not self._leadership.leading:
+                await anyio.sleep(self._settings.heartbeat)  # ask again when the lead may move
+                continue
             try:
                 deleted = await prune(self._store, self._settings)
                 if deleted:

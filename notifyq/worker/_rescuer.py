@@ -1,9 +1,10 @@
 """The rescuer: puts back the jobs of workers that died or hung, every heartbeat interval.
 
 A job whose lease ran out (or that has none) goes back to the queue, or ends failed when out of
-attempts, or cancelled when its cancel was requested (notifyq.rescue_v2). Every worker rescues;
-SKIP LOCKED keeps them out of each other's way. It also deletes the idle marks of workers that
-stopped refreshing them.
+attempts, or cancelled when its cancel was requested (notifyq.rescue_v2). Only the worker that
+leads the maintenance rescues (see notifyq.worker._leadership); SKIP LOCKED keeps two out of
+each other's way while the lead moves. It also deletes the idle marks of workers that stopped
+refreshing them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from notifyq.errors import NotifyQError
+from notifyq.worker._leadership import Leadership
 from notifyq.worker._ledger import Ledger, WakeReason
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
@@ -36,8 +38,11 @@ class Rescuer:
         interval: float,
         stats: WorkerStats,
         signals: Signals,
+        leadership: Leadership | None = None,
     ) -> None:
+        """Without ``leadership``, it rescues at every interval."""
         self._store = store
+        self._leadership = leadership
         self._ledger = ledger
         self._telemetry = telemetry
         self._interval = interval
@@ -49,6 +54,8 @@ class Rescuer:
         task_status.started()
         while True:
             await anyio.sleep(self._interval)
+            if self._leadership is not None and not self._leadership.leading:
+                continue
             try:
                 await self.rescue()
             except NotifyQError as exc:

@@ -32,6 +32,7 @@ from notifyq.tasks import Registry, Task
 from notifyq.tracing import tracing
 from notifyq.worker._executor import Executor
 from notifyq.worker._heartbeat import Heartbeat
+from notifyq.worker._leadership import Leadership
 from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
 from notifyq.worker._maintenance import DepthReport, Retention
 from notifyq.worker._periodic import PeriodicEnqueuer
@@ -93,6 +94,8 @@ class Worker:
         self._telemetry: Telemetry = telemetry(metrics)
         self._tracing = tracing(settings)
         self._ledger: Ledger | None = None
+        #: Whether this worker leads its database's maintenance (set once it runs).
+        self.leadership: Leadership | None = None
         self._stopping = False
         self._connected_once = False
 
@@ -270,16 +273,20 @@ class Worker:
     def _upkeep(self, store: WorkerStore, ledger: Ledger, idle: IdleMark) -> list[Service]:
         """The services that run beside the producer, each as its ``run``."""
         s = self.settings
+        lead = self.leadership = Leadership(
+            store, worker_id=self.id, interval=s.heartbeat, ttl=s.lease_seconds
+        )
         services: list[Service] = [
+            lead.run,  # first: the maintenance asks it before its first pass
             Heartbeat(
                 store, ledger, idle, worker_id=self.id, interval=s.heartbeat,
                 lease=s.lease_seconds, stats=self.stats, signals=self.signals,
             ).run,
             Rescuer(
                 store, ledger, self._telemetry, interval=s.heartbeat, stats=self.stats,
-                signals=self.signals,
+                signals=self.signals, leadership=lead,
             ).run,
-            Retention(store, s).run,
+            Retention(store, s, lead).run,
         ]  # fmt: skip
         if any(task.cron for task in self.registry):
             services.append(PeriodicEnqueuer(store, list(self.registry)).run)
