@@ -1445,6 +1445,28 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.fill_defaults_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_task record;
+BEGIN
+    SELECT t.options ->> 'queue' AS queue, t.options ->> 'priority' AS priority, t.max_attempts
+    INTO v_task
+    FROM notifyq.tasks AS t WHERE t.name = NEW.task;
+    NEW.queue := coalesce(NEW.queue, v_task.queue, 'default');
+    NEW.priority := coalesce(NEW.priority, v_task.priority::integer, 0);
+    IF NEW.max_attempts IS NULL THEN
+        NEW.max_attempts := coalesce(
+            v_task.max_attempts,
+            (SELECT s.value::integer FROM notifyq.settings AS s WHERE s.key = 'max_attempts'),
+            3);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
 CREATE FUNCTION notifyq.holds_v1(p_status text, p_worker_id text, p_claims integer, p_holder text, p_claim integer) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -2536,6 +2558,8 @@ CREATE INDEX jobs_lease_idx ON notifyq.jobs USING btree (lease_expires_at NULLS 
 CREATE UNIQUE INDEX jobs_pending_dedup_idx ON notifyq.jobs USING btree (queue, dedup_key) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (dedup_key IS NOT NULL));
 
 CREATE INDEX jobs_workflow_idx ON notifyq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
+
+CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NOT NULL) AND ((new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL)))) EXECUTE FUNCTION notifyq.fill_defaults_v1();
 
 CREATE TRIGGER jobs_accept BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NULL) OR (new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL) OR (new.status IS DISTINCT FROM 'queued'::text) OR (new.attempt_count <> 0) OR (new.claims <> 0) OR (new.lost_count <> 0) OR (new.worker_id IS NOT NULL) OR (new.lease_expires_at IS NOT NULL) OR (new.heartbeat_at IS NOT NULL) OR (new.started_at IS NOT NULL) OR (new.finished_at IS NOT NULL) OR (new.result IS NOT NULL) OR (new.last_error IS NOT NULL) OR (new.errors IS DISTINCT FROM '[]'::jsonb) OR (new.cancel_requested_at IS NOT NULL) OR (NOT ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (NOT ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (cardinality(new.depends_on) > 0) OR (new.group_key IS NOT NULL) OR (new.group_seq IS NOT NULL) OR new.group_blocked OR (new.progress IS NOT NULL))) EXECUTE FUNCTION notifyq.accept_job_v2();
 

@@ -216,3 +216,42 @@ async def test_batch_writes_find_their_jobs_by_primary_key_on_any_table(
     assert updates, plans
     assert "Index Scan using jobs_pkey" in updates[0]
     assert "Seq Scan on jobs" not in updates[0]
+
+
+async def test_a_plain_insert_gets_the_same_defaults_as_the_enqueue_functions(
+    db_url: str, conn: Any
+) -> None:
+    # Two ways in state the defaults rule: the row trigger of a plain INSERT that names its task
+    # (notifyq.fill_defaults_v1) and the batch function of the enqueue paths (job_defaults_v1).
+    await migrate(Settings.load(database_url=db_url, max_attempts=6), progress=lambda _: None)
+    await conn.execute(
+        "INSERT INTO notifyq.tasks (name, max_attempts, options) VALUES "
+        """('mail', 9, '{"queue": "mail", "priority": 7}'), ('bare', NULL, '{}')"""
+    )
+    cases = [
+        ("mail", None, None, None),
+        ("mail", "other", None, None),
+        ("mail", None, 2, None),
+        ("mail", None, None, 1),
+        ("bare", None, None, None),
+        ("unknown", None, None, None),
+        ("unknown", "q", 3, 4),
+    ]
+    for task, queue, priority, max_attempts in cases:
+        columns = {"task": task, "queue": queue, "priority": priority, "max_attempts": max_attempts}
+        given = {name: value for name, value in columns.items() if value is not None}
+        names = ", ".join(given)
+        marks = ", ".join(["%s"] * len(given))
+        cursor = await conn.execute(
+            f"INSERT INTO notifyq.jobs ({names}) VALUES ({marks}) "
+            "RETURNING queue, priority, max_attempts",
+            list(given.values()),
+        )
+        inserted = await cursor.fetchone()
+        cursor = await conn.execute(
+            "SELECT queue, priority, max_attempts FROM notifyq.job_defaults_v1("
+            "ARRAY[%s]::text[], ARRAY['{}'::jsonb], ARRAY[%s]::text[], ARRAY[%s]::integer[], "
+            "ARRAY[%s]::integer[], NULL)",
+            [task, queue, priority, max_attempts],
+        )
+        assert inserted == await cursor.fetchone(), columns
