@@ -1,5 +1,5 @@
-"""The operators' routes: liveness, readiness, Prometheus metrics, the registered tasks, and
-the dashboard (a page and its assets).
+"""The operators' routes: liveness, readiness, Prometheus metrics, the registered tasks, the
+workers the database knows of, and the dashboard (a page and its assets).
 
 ``router`` needs the token when one is set; ``open_router`` (``/health``) and the dashboard's
 files do not (the app lists them in its open paths): liveness probes carry no token, and the
@@ -22,7 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from notifyq._version import __version__
 from notifyq.api.deps import MetricsDep, ScrapeLockDep, SettingsDep, StoreDep, SupervisorDep
 from notifyq.api.middleware import authenticated
-from notifyq.api.schemas import HealthOut, ReadyOut, TaskOut
+from notifyq.api.schemas import HealthOut, ReadyOut, TaskOut, WorkerOut
 from notifyq.errors import DatabaseUnavailable, NotifyQError
 from notifyq.metrics import CONTENT_TYPE_LATEST
 from notifyq.migrations import latest_version
@@ -104,6 +104,17 @@ async def prometheus(store: StoreDep, metrics: MetricsDep, scraping: ScrapeLockD
 )
 async def list_tasks(store: StoreDep) -> list[TaskOut]:
     return [TaskOut.of(row) for row in await store.list_tasks()]
+
+
+@router.get(
+    "/workers",
+    response_model=list[WorkerOut],
+    summary="Workers listening for jobs or running them, with what each runs now",
+)
+async def list_workers(store: StoreDep) -> list[WorkerOut]:
+    """From what the database holds: idle workers' marks (a busy worker has none) and the
+    running jobs' worker ids; 500 workers at most, 20 jobs each."""
+    return [WorkerOut(**row) for row in await store.list_workers(limit=500)]
 
 
 @open_router.get(
