@@ -48,7 +48,7 @@ def _state(
     broken = list(found["breaker_open_tasks"]) if found else []
     states: list[tuple[str, str]] = []
     if stats["paused"]:
-        states.append(("paused", "paused: workers claim none of its jobs until it is resumed"))
+        states.append(("paused", "paused: no job is claimed until it is resumed"))
     if unregistered:
         n = found["unregistered"] if found else 0
         states.append(
