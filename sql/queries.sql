@@ -573,3 +573,9 @@ SELECT w.worker_id, w.listening, w.queues, w.listening_until, w.running,
               LIMIT 20) AS r) AS jobs
 FROM workers AS w
 ORDER BY w.worker_id;
+
+-- Jobs finished per minute over the last %(minutes)s minutes and the one under way (see
+-- notifyq.minute_stats_v1: stored once per minute, so every API process answers the same).
+-- name: minute_stats
+SELECT minute, completed, failed, cancelled, partial
+FROM notifyq.minute_stats_v1(%(minutes)s, %(fill)s);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import timezone
 from typing import Any
 
 import anyio
@@ -291,3 +292,54 @@ async def test_the_new_routes_need_the_token_when_one_is_set(settings: Settings)
             client_error(answer, 401)
             right = {"authorization": "Bearer s3cret"}
             assert (await client.request(method, path, json=body, headers=right)).status_code == 200
+
+
+async def test_minute_stats_count_each_minute_once_and_keep_it(
+    settings: Settings, conn: Any
+) -> None:
+    """A whole minute is counted from the finished jobs once and stored: deleting the jobs
+    later does not change it. Each read counts 10 missing minutes at most, newest first."""
+    cursor = await conn.execute(
+        "SELECT date_trunc('minute', now() - interval '5 seconds') - interval '3 minutes',"
+        "       date_trunc('minute', now() - interval '5 seconds') - interval '30 minutes'"
+    )
+    recent, old = await cursor.fetchone()
+    at = "%s::timestamptz + interval '20 seconds'"
+    for minute, status, count in (
+        (recent, "completed", 3),
+        (recent, "failed", 2),
+        (old, "completed", 4),
+    ):
+        ids = await insert_in_state(conn, "echo", count, status=f"'{status}'")
+        await conn.execute(
+            f"UPDATE notifyq.jobs SET finished_at = {at} WHERE id = ANY(%s)", [minute, ids]
+        )
+    async with api(settings) as client:
+
+        async def read() -> dict[Any, dict[str, Any]]:
+            answer = await client.get("/stats/minutes")
+            assert answer.status_code == 200, answer.text
+            rows = answer.json()["minutes"]
+            assert len(rows) == 61 and rows[-1]["partial"] and not rows[0]["partial"]
+            return {row["minute"]: row for row in rows}
+
+        def at(rows: dict[Any, dict[str, Any]], minute: Any) -> dict[str, Any]:
+            stamp = minute.astimezone(timezone.utc).isoformat()[:16]  # the API answers in UTC
+            return next(row for name, row in rows.items() if name.startswith(stamp))
+
+        first = await read()
+        await conn.execute("DELETE FROM notifyq.jobs")
+        second = await read()
+        third = await read()
+        bad = [
+            await client.get("/stats/minutes", params={"minutes": value})
+            for value in ("0", "61", "many")
+        ]
+    row = at(first, recent)
+    assert (row["completed"], row["failed"], row["cancelled"]) == (3, 2, 0)
+    row = at(second, recent)
+    assert (row["completed"], row["failed"]) == (3, 2)  # stored: the jobs are gone
+    assert at(first, old)["completed"] is None  # beyond the first read's 10 minutes
+    assert at(third, old)["completed"] == 0  # counted by the third read, after the delete
+    for answer in bad:
+        client_error(answer, 422)

@@ -555,3 +555,19 @@ class WorkerOut(BaseModel):
     listening_until: datetime | None = Field(description="When its idle mark runs out.")
     running: int = Field(description="Jobs it runs now.")
     jobs: list[WorkerJobOut] = Field(description="Up to 20 of them, oldest first.")
+
+
+class MinuteOut(BaseModel):
+    """The jobs that ended in one minute; null counts: not counted yet (a later read will)."""
+
+    minute: datetime = Field(description="The minute's start.")
+    completed: int | None
+    failed: int | None
+    cancelled: int | None
+    partial: bool = Field(description="The minute under way: counted so far, not stored.")
+
+
+class MinutesOut(BaseModel):
+    """Jobs ended per minute, oldest first, the minute under way last."""
+
+    minutes: list[MinuteOut]

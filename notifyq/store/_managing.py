@@ -166,6 +166,13 @@ class Managing(Runner):
         whose breaker is open, and the idle workers listening on it."""
         return await self._all("queue_conditions", None, dict_row, what="reading queue states")
 
+    async def minute_stats(self, *, minutes: int = 60, fill: int = 10) -> list[dict[str, Any]]:
+        """Jobs completed, failed and cancelled per minute over the last ``minutes`` and the
+        minute under way (``partial``), oldest first; counts up to ``fill`` minutes not stored
+        yet (the others answer None until a later call)."""
+        params = {"minutes": minutes, "fill": fill}
+        return await self._all("minute_stats", params, dict_row, what="reading minute counts")
+
     async def list_workers(self, *, limit: int = 500) -> list[dict[str, Any]]:
         """The workers listening (idle) or running jobs, with up to 20 of their jobs each."""
         return await self._all("list_workers", {"limit": limit}, dict_row, what="listing workers")
