@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 
 from notifyq.settings import Settings
@@ -274,3 +275,35 @@ def test_the_layout_fits_420_pixels(
         page.locator("#btn-delete").click()
         expect(page.locator("#confirm")).to_be_visible()
         fits_the_width(page)
+
+
+def test_the_last_hour_chart_shows_the_minutes_the_database_counted(
+    settings: Settings, page: Any, monkeypatch: Any
+) -> None:
+    app = dashboard_app(settings, monkeypatch)
+    with serve(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        jobs = [{"task": "echo", "payload": {"n": n}} for n in range(5)]
+        ids = post_batch(client, [*jobs, {"task": "fail", "payload": {}, "max_attempts": 1}])
+        for job_id in ids[:5]:
+            expect_status(client, job_id, "completed")
+        expect_status(client, ids[5], "failed")
+        # Three of them ended five minutes ago, as far as the database knows.
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE notifyq.jobs SET finished_at = date_trunc('minute', now())"
+                " - interval '5 minutes' + interval '10 seconds' WHERE id = ANY(%s)",
+                [ids[:3]],
+            )
+        page.goto(f"{base}/dashboard")
+        summary = page.locator("#hour-summary")
+        expect(summary).to_have_attribute("data-completed", "5")
+        expect(summary).to_have_attribute("data-failed", "1")
+        bars = page.locator("#hour-chart g.hour-bar")
+        expect(bars).to_have_count(61)
+        expect(page.locator('#hour-chart g.hour-bar[data-completed="3"]')).to_have_count(1)
+        expect(bars.last).to_have_attribute("data-partial", "1")
+        # Another API process on the same database shows the same minutes.
+        other = dashboard_app(settings.model_copy(update={"run_worker": False}), monkeypatch)
+        with serve(other) as second:
+            minutes = httpx.get(f"{second}/stats/minutes", timeout=10).json()["minutes"]
+        assert sorted(m["completed"] for m in minutes if m["completed"])[-1:] == [3]

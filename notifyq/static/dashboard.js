@@ -15,6 +15,7 @@
   const PAGE_SIZE = 50;
   const MAX_LIVE_ROWS = 500; // GET /jobs answers at most 500 a page
   const TASKS_EVERY = 20; // polls between refreshes of the task names
+  const HOUR_EVERY = 7; // polls between reads of the last hour's minutes (about 10 s)
   const TOKEN_KEY = "notifyq.apiToken";
   const STATUSES = ["waiting", "queued", "processing", "completed", "failed", "cancelled"];
   const FINAL = new Set(["completed", "failed", "cancelled"]);
@@ -280,6 +281,7 @@
     else work.push(refreshDetail());
     resumeWorkflow();
     if (state.ticks % TASKS_EVERY === 1) work.push(refreshTasks());
+    if (state.ticks % HOUR_EVERY === 1) work.push(refreshHour());
     const results = await Promise.allSettled(work);
     const errors = results.filter((r) => r.status === "rejected").map((r) => r.reason);
     if (errors.length === 0) connected();
@@ -664,6 +666,52 @@
           `${nowText} per second now, ${fmtRate(latest.avg)} per second averaged over the last minute.`,
       );
     }
+  }
+
+  // -- the last hour, per minute (GET /stats/minutes) ----------------------------------------
+  //
+  // One bar per minute, completed below and failed on top; the minute under way is the last
+  // bar. A minute not counted yet (the API counts a few per read) is left empty.
+
+  const HOUR_W = 610;
+  const HOUR_H = 44;
+
+  async function refreshHour() {
+    const body = await api("GET", "stats/minutes", { minutes: 60 });
+    renderHour(body.minutes);
+  }
+
+  function renderHour(rows) {
+    const chart = $("hour-chart");
+    const total = (r) => (r.completed ?? 0) + (r.failed ?? 0);
+    const max = Math.max(1, ...rows.map(total));
+    const step = HOUR_W / Math.max(rows.length, 1);
+    const bars = rows.map((r, i) => {
+      const x = i * step + 1;
+      const width = Math.max(step - 2, 1);
+      const hc = ((r.completed ?? 0) / max) * (HOUR_H - 2);
+      const hf = ((r.failed ?? 0) / max) * (HOUR_H - 2);
+      const g = svg("g", { class: "hour-bar", "data-minute": r.minute, "data-completed": r.completed ?? "", "data-failed": r.failed ?? "", "data-partial": r.partial ? "1" : "" });
+      const title = svg("title");
+      const when = `${fmtTime(r.minute).slice(11, 16)}${r.partial ? " (so far)" : ""}`;
+      title.textContent = r.completed === null ? `${when}: not counted yet` : `${when}: ${fmtInt(r.completed)} completed, ${fmtInt(r.failed)} failed, ${fmtInt(r.cancelled)} cancelled`;
+      g.append(title, svg("rect", { class: "hour-bg", x, y: 0, width, height: HOUR_H }));
+      if (hc > 0) g.append(svg("rect", { class: "hour-completed", x, y: HOUR_H - hc, width, height: hc }));
+      if (hf > 0) g.append(svg("rect", { class: "hour-failed", x, y: HOUR_H - hc - hf, width, height: hf }));
+      return g;
+    });
+    chart.replaceChildren(...bars);
+    const counted = rows.filter((r) => r.completed !== null);
+    const sum = (k) => counted.reduce((a, r) => a + r[k], 0);
+    const pending = rows.length - counted.length;
+    const summary = $("hour-summary");
+    summary.replaceChildren(
+      h("strong", { text: fmtInt(sum("completed")) }), " completed · ",
+      h("strong", { class: sum("failed") ? "bad-text" : "", text: fmtInt(sum("failed")) }), " failed",
+      pending ? h("span", { class: "muted", text: ` (${fmtInt(pending)} minute${pending === 1 ? "" : "s"} still being counted)` }) : "",
+    );
+    summary.dataset.completed = String(sum("completed"));
+    summary.dataset.failed = String(sum("failed"));
   }
 
   // -- jobs list ---------------------------------------------------------------------------
