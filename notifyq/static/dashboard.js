@@ -354,6 +354,8 @@
 
   // -- queues ------------------------------------------------------------------------------
 
+  /** Queue states in which due jobs do not move at all until someone acts. */
+  const STUCK_STATES = new Set(["paused", "unregistered", "breaker_open", "no_workers"]);
   const QUEUE_COLS = ["waiting", "queued", "due", "processing", "completed", "failed", "cancelled", "completed_last_minute", "oldest_due_seconds"];
 
   async function refreshQueues() {
@@ -436,13 +438,15 @@
     const why = state.queueStates.get(tr.dataset.queue);
     const held = why && !["ok", "idle"].includes(why.state);
     stateCell.dataset.why = why ? why.state : "";
-    // The worst reason in the cell, every one in its tooltip.
-    setText(stateCell.querySelector(".why"), held ? why.reasons[0] : "");
-    stateCell.querySelector(".why").hidden = !held;
+    // The worst reason in the cell when jobs are stuck, every one in its tooltip; a queue that
+    // is only busy, rate-limited or polled gets a badge that says so, without alarm.
+    const stuck = held && STUCK_STATES.has(why.state);
+    setText(stateCell.querySelector(".why"), stuck ? why.reasons[0] : "");
+    stateCell.querySelector(".why").hidden = !stuck;
     stateCell.title = held ? why.reasons.join("; ") : "";
     if (held && !q.paused) {
       setText(label, why.state.replace("_", " "));
-      label.className = `badge badge-held`;
+      label.className = `badge ${stuck ? "badge-held" : why.state === "busy" ? "badge-running" : "badge-paused"}`;
     }
     const button = stateCell.querySelector("button");
     if (!button.dataset.busy) {
