@@ -386,6 +386,11 @@ class JobPage(BaseModel):
     next_cursor: str | None = Field(
         description="Pass as ?cursor= for the next page; null on the last page."
     )
+    scanned: int | None = Field(
+        default=None,
+        description="With ?payload=: the jobs this page looked at (a bounded number), of which "
+        "`jobs` matched.",
+    )
 
 
 class BreakerOut(BaseModel):

@@ -257,7 +257,6 @@
     detailJson: null,
     stream: null, // {id, controller, live}: the selected job's event stream, while it runs
     streamRetryAt: 0,
-    bulkRetry: false,
     wf: null, // the open workflow view: {id, data, missing, timer, busy, done, layoutKey, nodes}
     zoom: 1,
   };
@@ -870,7 +869,6 @@
       // A payload search looks at a bounded number of jobs per page (see GET /jobs).
       setText($("jobs-count"), `${fmtInt(n)} job${n === 1 ? "" : "s"} found with that payload${state.nextCursor ? "; Load more searches further" : ""}`);
     }
-    updateRequeueButton();
     updateBulkButtons();
   }
 
@@ -953,50 +951,16 @@
     openJob(id.toLowerCase());
   }
 
-  // -- requeue all failed (when the API has POST /jobs/retry) ------------------------------
-
-  function updateRequeueButton() {
-    const button = $("requeue-all");
-    const status = state.filters.status;
-    // POST /jobs/retry knows no group key: with one in the filter, it would requeue more than
-    // the list shows.
-    const fits = state.bulkRetry && (status === "failed" || status === "cancelled") && !state.filters.group;
-    button.hidden = !fits;
-    if (!fits) return;
-    const scope = [state.filters.queue && `queue ${state.filters.queue}`, state.filters.task && `task ${state.filters.task}`].filter(Boolean);
-    setText(button, `Requeue all ${status}`);
-    button.title = `Requeue every ${status} job${scope.length ? ` of ${scope.join(" and ")}` : ""}`;
-  }
-
-  async function requeueAll() {
-    const { status, queue, task } = state.filters;
-    if (status !== "failed" && status !== "cancelled") return;
-    const button = $("requeue-all");
-    if (!window.confirm(`${button.title}?`)) return;
-    button.disabled = true;
-    try {
-      const answer = await api("POST", "jobs/retry", { status, queue, task });
-      const n = answer && typeof answer.requeued === "number" ? answer.requeued : null;
-      toast(n === null ? `Requeued the ${status} jobs.` : `Requeued ${fmtInt(n)} ${status} job${n === 1 ? "" : "s"}.`);
-      tick();
-    } catch (err) {
-      actionFailed(err, `Could not requeue the ${status} jobs`);
-    } finally {
-      button.disabled = false;
-    }
-  }
-
-  async function detectBulkRetry() {
+  /** The version, from the OpenAPI document (which the token does not guard). */
+  async function readVersion() {
     try {
       const response = await fetch(new URL("openapi.json", API_BASE), { cache: "no-store", credentials: "omit" });
       if (!response.ok) return;
       const spec = await response.json();
-      state.bulkRetry = Boolean(spec && spec.paths && spec.paths["/jobs/retry"] && spec.paths["/jobs/retry"].post);
       const version = spec && spec.info && spec.info.version;
       if (version) setText($("version"), `v${version}`);
-      updateRequeueButton();
     } catch {
-      /* no OpenAPI document: no bulk button */
+      /* no OpenAPI document: no version shown */
     }
   }
 
@@ -2039,7 +2003,6 @@
     $("nav-jobs").addEventListener("click", () => goView("jobs"));
     $("nav-workers").addEventListener("click", () => goView("workers"));
     $("load-more").addEventListener("click", loadMore);
-    $("requeue-all").addEventListener("click", requeueAll);
     $("btn-retry").addEventListener("click", () => jobAction("retry"));
     $("btn-cancel").addEventListener("click", () => jobAction("cancel"));
     $("btn-close").addEventListener("click", closeJob);
@@ -2061,7 +2024,7 @@
 
     applyHash();
     renderJobs();
-    detectBulkRetry();
+    readVersion();
     tick();
   }
 
