@@ -31,6 +31,12 @@ async def api(settings: Settings, **overrides: Any) -> AsyncIterator[httpx.Async
         yield client
 
 
+#: A JSON value nested deeper than notifyq reads (jsonb would take it).
+DEEP: Any = 1
+for _ in range(120):
+    DEEP = [DEEP]
+
+
 def client_error(response: httpx.Response, code: int) -> None:
     assert response.status_code == code, (response.status_code, response.text)
     assert "detail" in response.json()
@@ -99,9 +105,10 @@ async def test_a_payload_search_looks_at_a_bounded_number_of_rows_per_page(
         ('"text"', "JSON object"),
         ('{"a":' * 330 + "1" + "}" * 330, "nests"),
         ('{"a": "x\\u0000y"}', "NUL"),
+        ('{"a": 1e400}', "JSON"),
         ("{" + '"a":1,' * 400 + '"b":2}', "at most 2000"),
     ],
-    ids=["not-json", "array", "string", "deep", "nul", "long"],
+    ids=["not-json", "array", "string", "deep", "nul", "infinite", "long"],
 )
 async def test_a_bad_payload_filter_is_a_422(settings: Settings, value: str, says: str) -> None:
     async with api(settings) as client:
@@ -222,6 +229,10 @@ async def test_bulk_cancel_asks_the_worker_of_a_running_job_to_stop_it(
         {"action": "retry", "payload": {"k": "v" * 2100}},
         {"action": "retry", "queue": ""},
         {"action": "retry", "colour": "red"},
+        {"action": "retry", "queue": "a\u0000b"},
+        {"action": "delete", "task": "a\u0000b", "dry_run": True},
+        {"action": "cancel", "group_key": "\u0000"},
+        {"action": "retry", "payload": {"deep": DEEP}},
     ],
 )
 async def test_bad_bulk_input_is_a_422(settings: Settings, body: dict[str, Any]) -> None:
@@ -278,6 +289,12 @@ async def test_queue_states_and_workers_see_a_listening_worker(
     assert [job["job_id"] for job in row["jobs"]] == [job_id]
     assert row["jobs"][0]["task"] == "hold"
     assert states["default"]["state"] in ("ok", "idle")
+
+
+async def test_a_search_with_a_nul_in_a_filter_is_a_422(settings: Settings) -> None:
+    async with api(settings) as client:
+        answer = await client.get("/jobs", params={"payload": "{}", "queue": "a\u0000b"})
+    assert 400 <= answer.status_code < 500, answer.text
 
 
 async def test_the_new_routes_need_the_token_when_one_is_set(settings: Settings) -> None:
