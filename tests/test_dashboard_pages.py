@@ -267,6 +267,10 @@ def test_the_layout_fits_420_pixels(
             expect(page.locator("#workers-body tr")).to_have_count(1)
         else:
             expect(job_rows(page)).to_have_count(7)
+            # One column: opening a job goes down to its page.
+            listed_job(page, ids[2]).get_by_role("button").click()
+            expect(page.locator("#detail .job-id")).to_have_text(ids[2])
+            expect(page.locator("#detail-title")).to_be_in_viewport()
         fits_the_width(page)
         page.goto(f"{base}/dashboard#view={view}&job={ids[0]}")
         expect(page.locator("#detail-status")).to_have_attribute("data-value", "failed")

@@ -1201,6 +1201,8 @@
   function openJob(id) {
     selectJob(id);
     writeHash(false);
+    // One column (a narrow screen): the job's page is below the lists; go there.
+    if (window.matchMedia("(max-width: 1000px)").matches) $("detail").scrollIntoView({ block: "start" });
   }
 
   function closeJob() {
