@@ -387,3 +387,217 @@ ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 
 -- name: ping
 SELECT 1;
+
+-- The dashboard's search: jobs newest first, filtered, whose payload contains %(contains)s
+-- (jsonb @>). No index serves @>, so the cost is bounded instead: at most %(scan)s rows after
+-- the cursor are looked at (in jobs_created_idx order), and the page holds the matches among
+-- them. Every row answers the scan's extent too (one row with NULL job columns when nothing
+-- matched), so the caller can go on from where the scan stopped.
+-- name: search_jobs
+WITH scanned AS MATERIALIZED (
+    SELECT id, created_at, payload @> %(contains)s::jsonb AS hit
+    FROM notifyq.jobs
+    WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
+      AND (%(after_created)s::timestamptz IS NULL
+           OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(scan)s
+), hits AS MATERIALIZED (
+    SELECT id FROM scanned WHERE hit ORDER BY created_at DESC, id DESC LIMIT %(limit)s
+), extent AS (
+    SELECT (SELECT count(*) FROM scanned)::integer AS scanned,
+           (SELECT created_at FROM scanned ORDER BY created_at, id LIMIT 1) AS last_created,
+           (SELECT id FROM scanned ORDER BY created_at, id LIMIT 1) AS last_id
+)
+SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attempt_count,
+       j.max_attempts, j.dedup_key, j.result, j.last_error, j.errors, j.created_at, j.started_at,
+       j.finished_at, j.worker_id, j.lease_expires_at, j.cancel_requested_at, j.depends_on,
+       j.group_key, j.workflow_id, j.progress, e.scanned, e.last_created, e.last_id
+FROM extent AS e
+LEFT JOIN (hits JOIN notifyq.jobs AS j USING (id)) ON true
+ORDER BY j.created_at DESC, j.id DESC;
+
+-- How many jobs in %(statuses)s match the filters, looking at %(scan)s rows at most: answers
+-- the matches and the rows looked at (the count is exact when fewer than %(scan)s were).
+-- name: count_matching_jobs
+SELECT count(*) FILTER (WHERE hit)::integer, count(*)::integer
+FROM (SELECT %(contains)s::jsonb IS NULL OR payload @> %(contains)s::jsonb AS hit
+      FROM notifyq.jobs
+      WHERE status = ANY (%(statuses)s::text[])
+        AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+        AND (%(task)s::text IS NULL OR task = %(task)s::text)
+        AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
+      LIMIT %(scan)s) AS s;
+
+-- The bulk actions look at %(limit)s candidates at most, in id order after %(after)s (the
+-- caller goes on from the last one until fewer come back), and lock only the matching ones
+-- still in a status the action applies to, skipping those locked elsewhere: no statement locks
+-- or reads many rows. Each answers the jobs it changed, the candidates it looked at, and the
+-- last candidate's id.
+--
+-- Cancel: each goes through notifyq.cancel_job_v2, the path of POST /jobs/{id}/cancel, so a
+-- running job's worker is told to stop it and dependents are cancelled with their parent.
+-- name: bulk_cancel_jobs
+WITH candidates AS MATERIALIZED (
+    SELECT id, %(contains)s::jsonb IS NULL OR payload @> %(contains)s::jsonb AS hit
+    FROM notifyq.jobs
+    WHERE status = ANY (%(statuses)s::text[]) AND id > %(after)s::uuid
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
+    ORDER BY id
+    LIMIT %(limit)s
+), locked AS MATERIALIZED (
+    SELECT j.id FROM notifyq.jobs AS j
+    WHERE j.id IN (SELECT id FROM candidates WHERE hit)
+      AND j.status = ANY (%(statuses)s::text[])
+    ORDER BY j.id
+    FOR NO KEY UPDATE SKIP LOCKED
+), done AS MATERIALIZED (
+    SELECT c.was, c.status, c.was = c.status AS asked
+    FROM locked AS l CROSS JOIN LATERAL notifyq.cancel_job_v2(l.id) AS c
+)
+SELECT (SELECT count(*) FROM done WHERE status = 'cancelled' AND was <> 'cancelled')::integer,
+       (SELECT count(*) FROM done WHERE was = 'processing' AND status = 'processing')::integer,
+       (SELECT count(*) FROM candidates)::integer,
+       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
+
+-- Retry: each chosen job goes back as notifyq.retry_v1 says (as in retry_jobs: of several with
+-- one dedup_key only the newest, the members of a group in the order they were submitted).
+-- name: bulk_retry_jobs
+WITH candidates AS MATERIALIZED (
+    SELECT id, %(contains)s::jsonb IS NULL OR payload @> %(contains)s::jsonb AS hit
+    FROM notifyq.jobs
+    WHERE status = ANY (%(statuses)s::text[]) AND id > %(after)s::uuid
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
+    ORDER BY id
+    LIMIT %(limit)s
+), locked AS MATERIALIZED (
+    SELECT j.id, j.queue, j.dedup_key, j.created_at, j.group_seq FROM notifyq.jobs AS j
+    WHERE j.id IN (SELECT id FROM candidates WHERE hit)
+      AND j.status = ANY (%(statuses)s::text[])
+    ORDER BY j.id
+    FOR UPDATE SKIP LOCKED
+), chosen AS MATERIALIZED (
+    SELECT DISTINCT ON (queue, coalesce(dedup_key, id::text)) id, group_seq
+    FROM locked
+    ORDER BY queue, coalesce(dedup_key, id::text), created_at DESC
+), retried AS MATERIALIZED (
+    SELECT r.refused
+    FROM (SELECT id FROM chosen ORDER BY group_seq NULLS LAST, id) AS c
+    CROSS JOIN LATERAL notifyq.retry_v1(c.id) AS r
+)
+SELECT (SELECT count(*) FROM retried WHERE refused IS NULL)::integer,
+       0,
+       (SELECT count(*) FROM candidates)::integer,
+       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
+
+-- Delete: finished jobs only, and never one that a job not started yet depends on (as
+-- delete_job).
+-- name: bulk_delete_jobs
+WITH candidates AS MATERIALIZED (
+    SELECT id, %(contains)s::jsonb IS NULL OR payload @> %(contains)s::jsonb AS hit
+    FROM notifyq.jobs
+    WHERE status = ANY (%(statuses)s::text[]) AND id > %(after)s::uuid
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
+    ORDER BY id
+    LIMIT %(limit)s
+), locked AS MATERIALIZED (
+    SELECT j.id FROM notifyq.jobs AS j
+    WHERE j.id IN (SELECT id FROM candidates WHERE hit)
+      AND j.status = ANY (%(statuses)s::text[])
+      AND j.status IN ('completed', 'failed', 'cancelled')
+    ORDER BY j.id
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM notifyq.jobs AS j
+    USING locked AS l
+    WHERE j.id = l.id
+      AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS c
+                      WHERE c.status IN ('waiting', 'queued') AND c.depends_on <> '{}'
+                        AND c.depends_on @> ARRAY[j.id])
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted)::integer,
+       0,
+       (SELECT count(*) FROM candidates)::integer,
+       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
+
+-- Why a queue's due jobs may not move, per queue with due jobs or workers: the due jobs whose
+-- task no worker registered (and up to 5 such task names), those whose task's breaker is open,
+-- and the idle workers listening on the queue (a mark with no queues serves every queue).
+-- name: queue_conditions
+WITH due AS (
+    SELECT j.queue, j.task, count(*) AS n
+    FROM notifyq.jobs AS j
+    WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+    GROUP BY j.queue, j.task
+), per_queue AS (
+    SELECT d.queue,
+           sum(d.n) FILTER (WHERE t.name IS NULL)::bigint AS unregistered,
+           (array_agg(d.task ORDER BY d.n DESC) FILTER (WHERE t.name IS NULL))[1:5]
+               AS unregistered_tasks,
+           (array_agg(d.task ORDER BY d.n DESC)
+               FILTER (WHERE t.breaker_open_until > now()))[1:5] AS breaker_open_tasks
+    FROM due AS d LEFT JOIN notifyq.tasks AS t ON t.name = d.task
+    GROUP BY d.queue
+), names AS (
+    SELECT queue FROM per_queue UNION SELECT name FROM notifyq.queues
+)
+SELECT n.queue,
+       coalesce(p.unregistered, 0) AS unregistered,
+       coalesce(p.unregistered_tasks, '{}') AS unregistered_tasks,
+       coalesce(p.breaker_open_tasks, '{}') AS breaker_open_tasks,
+       (SELECT count(*) FROM notifyq.waiting_workers AS w
+        WHERE w.expires_at > now() AND (w.queues IS NULL OR n.queue = ANY (w.queues)))::integer
+           AS listening
+FROM names AS n
+LEFT JOIN per_queue AS p ON p.queue = n.queue
+ORDER BY n.queue
+LIMIT 1000;
+
+-- The workers the database knows of: those idle and listening (their marks in
+-- waiting_workers) and those holding running jobs, with up to 20 of those jobs each.
+-- name: list_workers
+WITH idle AS (
+    SELECT worker_id, queues, expires_at
+    FROM notifyq.waiting_workers
+    WHERE expires_at > now()
+), busy AS (
+    SELECT worker_id, count(*)::integer AS running
+    FROM notifyq.jobs
+    WHERE status = 'processing' AND worker_id IS NOT NULL
+    GROUP BY worker_id
+), workers AS (
+    SELECT coalesce(i.worker_id, b.worker_id) AS worker_id,
+           i.worker_id IS NOT NULL AS listening, i.queues, i.expires_at AS listening_until,
+           coalesce(b.running, 0) AS running
+    FROM idle AS i FULL JOIN busy AS b ON b.worker_id = i.worker_id
+    ORDER BY 1
+    LIMIT %(limit)s
+)
+SELECT w.worker_id, w.listening, w.queues, w.listening_until, w.running,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'job_id', r.id, 'task', r.task, 'queue', r.queue,
+                   'started_at', r.started_at, 'lease_expires_at', r.lease_expires_at)
+               ORDER BY r.started_at, r.id), '[]'::jsonb)
+        FROM (SELECT id, task, queue, started_at, lease_expires_at
+              FROM notifyq.jobs
+              WHERE status = 'processing' AND worker_id = w.worker_id
+              ORDER BY started_at, id
+              LIMIT 20) AS r) AS jobs
+FROM workers AS w
+ORDER BY w.worker_id;
+
+-- Jobs finished per minute over the last %(minutes)s minutes and the one under way (see
+-- notifyq.minute_stats_v1: stored once per minute, so every API process answers the same).
+-- name: minute_stats
+SELECT minute, completed, failed, cancelled, partial
+FROM notifyq.minute_stats_v1(%(minutes)s, %(fill)s);

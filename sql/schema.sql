@@ -1566,6 +1566,50 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.minute_stats_v1(p_minutes integer, p_fill integer) RETURNS TABLE(minute timestamp with time zone, completed integer, failed integer, cancelled integer, partial boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_current timestamptz := date_trunc('minute', now() - interval '5 seconds');
+    v_minutes integer := least(greatest(p_minutes, 1), 1440);
+BEGIN
+    INSERT INTO notifyq.minute_stats (minute, completed, failed, cancelled)
+    SELECT m.minute, c.completed, c.failed, c.cancelled
+    FROM (SELECT g.minute
+          FROM generate_series(v_current - make_interval(mins => v_minutes),
+                               v_current - interval '1 minute', interval '1 minute') AS g(minute)
+          WHERE NOT EXISTS (SELECT 1 FROM notifyq.minute_stats AS s WHERE s.minute = g.minute)
+          ORDER BY g.minute DESC
+          LIMIT greatest(p_fill, 0)) AS m
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE j.status = 'completed')::integer AS completed,
+               count(*) FILTER (WHERE j.status = 'failed')::integer AS failed,
+               count(*) FILTER (WHERE j.status = 'cancelled')::integer AS cancelled
+        FROM notifyq.jobs AS j
+        WHERE j.status IN ('completed', 'failed', 'cancelled')
+          AND j.finished_at >= m.minute AND j.finished_at < m.minute + interval '1 minute'
+    ) AS c
+    ON CONFLICT (minute) DO NOTHING;
+    DELETE FROM notifyq.minute_stats AS s WHERE s.minute < now() - interval '1 day';
+    RETURN QUERY
+    SELECT g.minute, s.completed, s.failed, s.cancelled, false
+    FROM generate_series(v_current - make_interval(mins => v_minutes),
+                         v_current - interval '1 minute', interval '1 minute') AS g(minute)
+    LEFT JOIN notifyq.minute_stats AS s ON s.minute = g.minute
+    UNION ALL
+    SELECT v_current,
+           (count(*) FILTER (WHERE j.status = 'completed'))::integer,
+           (count(*) FILTER (WHERE j.status = 'failed'))::integer,
+           (count(*) FILTER (WHERE j.status = 'cancelled'))::integer,
+           true
+    FROM notifyq.jobs AS j
+    WHERE j.status IN ('completed', 'failed', 'cancelled') AND j.finished_at >= v_current
+    ORDER BY 1;
+END;
+$$;
+
 CREATE FUNCTION notifyq.next_due_v1(p_tasks text[], p_queues text[]) RETURNS double precision
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2448,6 +2492,14 @@ CREATE TABLE notifyq.migrations (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE notifyq.minute_stats (
+    minute timestamp with time zone NOT NULL,
+    completed integer NOT NULL,
+    failed integer NOT NULL,
+    cancelled integer NOT NULL,
+    counted_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE notifyq.periodic_ticks (
     name text NOT NULL,
     tick timestamp with time zone NOT NULL,
@@ -2520,6 +2572,9 @@ ALTER TABLE ONLY notifyq.leaders
 
 ALTER TABLE ONLY notifyq.migrations
     ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY notifyq.minute_stats
+    ADD CONSTRAINT minute_stats_pkey PRIMARY KEY (minute);
 
 ALTER TABLE ONLY notifyq.periodic_ticks
     ADD CONSTRAINT periodic_ticks_pkey PRIMARY KEY (name, tick);

@@ -386,6 +386,11 @@ class JobPage(BaseModel):
     next_cursor: str | None = Field(
         description="Pass as ?cursor= for the next page; null on the last page."
     )
+    scanned: int | None = Field(
+        default=None,
+        description="With ?payload=: the jobs this page looked at (a bounded number), of which "
+        "`jobs` matched.",
+    )
 
 
 class BreakerOut(BaseModel):
@@ -438,3 +443,136 @@ class HealthOut(BaseModel):
     database: str | None = None
     version: str | None = None
     worker: dict[str, Any] | None = None
+
+
+#: Longest payload filter (its JSON text) that GET /jobs and POST /jobs/bulk take.
+MAX_CONTAINS_LENGTH = 2000
+#: Most candidates one POST /jobs/bulk step looks at.
+MAX_BULK_LIMIT = 1000
+
+
+class BulkIn(BaseModel):
+    """One bounded step of a bulk action on the jobs matching a filter, or (``dry_run``) how
+    many jobs it would apply to."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"action": "retry", "status": "failed", "queue": "emails", "dry_run": True},
+                {"action": "cancel", "task": "report", "payload": {"account": 42}},
+            ]
+        },
+    )
+
+    action: Literal["retry", "cancel", "delete"] = Field(
+        description="retry (failed or cancelled jobs go back to queued), cancel (waiting and "
+        "queued jobs are cancelled, running ones' workers are asked to stop them, as POST "
+        "/jobs/{id}/cancel does) or delete (finished jobs)."
+    )
+    status: JobStatus | None = Field(
+        default=None,
+        description="Only this status; it must be one the action applies to (retry: failed, "
+        "cancelled; cancel: waiting, queued, processing; delete: completed, failed, "
+        "cancelled). Default: every status the action applies to.",
+    )
+    queue: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
+    task: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
+    group_key: str | None = Field(default=None, min_length=1, max_length=MAX_GROUP_KEY_LENGTH)
+    payload: dict[str, Any] | None = Field(
+        default=None,
+        description="Only jobs whose payload contains this object (PostgreSQL's jsonb @>); "
+        f"at most {MAX_CONTAINS_LENGTH} characters of JSON.",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Change nothing; answer how many jobs match (looking at 100,000 rows at "
+        "most: `exact` says whether the count is).",
+    )
+    limit: int = Field(
+        default=500,
+        ge=1,
+        le=MAX_BULK_LIMIT,
+        description="Candidates this step looks at, at most; repeat with after=next_after "
+        "until it is null.",
+    )
+    after: UUID | None = Field(
+        default=None, description="next_after of the step before: go on after that job id."
+    )
+
+
+class BulkOut(BaseModel):
+    """What a step of POST /jobs/bulk did, or (dry run) would apply to."""
+
+    action: str
+    dry_run: bool
+    matched: int | None = Field(default=None, description="Dry run: the jobs that match.")
+    exact: bool | None = Field(
+        default=None, description="Dry run: false when the count stopped at its bound."
+    )
+    affected: int | None = Field(
+        default=None,
+        description="Jobs requeued, cancelled, asked to stop (cancel of a running job: "
+        "`stopping` of them) or deleted by this step.",
+    )
+    stopping: int | None = Field(
+        default=None, description="Cancel: running jobs whose workers were asked to stop them."
+    )
+    scanned: int | None = Field(default=None, description="Candidates this step looked at.")
+    next_after: UUID | None = Field(
+        default=None, description="Pass as `after` for the next step; null when done."
+    )
+
+
+class QueueStateOut(BaseModel):
+    """Whether a queue's due jobs move, and if not, why."""
+
+    queue: str
+    state: str = Field(
+        description="ok, idle (nothing due), paused, rate_limited, unregistered (due jobs "
+        "of tasks no worker registered), breaker_open, no_workers (due jobs, no worker "
+        "listening or running any), busy (every listening worker is running jobs), polling "
+        "(notifications off: drained by each worker's poll)"
+    )
+    reasons: list[str] = Field(description="Every condition found, in words, worst first.")
+    due: int
+    processing: int
+    listening: int = Field(description="Idle workers listening on this queue now.")
+    unregistered_tasks: list[str] = Field(description="Up to 5 tasks no worker registered.")
+
+
+class WorkerJobOut(BaseModel):
+    """A job a worker runs now."""
+
+    job_id: UUID
+    task: str
+    queue: str
+    started_at: datetime | None
+    lease_expires_at: datetime | None
+
+
+class WorkerOut(BaseModel):
+    """A worker the database knows of: listening idle, or running jobs (or both)."""
+
+    worker_id: str
+    listening: bool = Field(description="Idle and listening for new jobs now.")
+    queues: list[str] | None = Field(description="The queues it listens on; null: all.")
+    listening_until: datetime | None = Field(description="When its idle mark runs out.")
+    running: int = Field(description="Jobs it runs now.")
+    jobs: list[WorkerJobOut] = Field(description="Up to 20 of them, oldest first.")
+
+
+class MinuteOut(BaseModel):
+    """The jobs that ended in one minute; null counts: not counted yet (a later read will)."""
+
+    minute: datetime = Field(description="The minute's start.")
+    completed: int | None
+    failed: int | None
+    cancelled: int | None
+    partial: bool = Field(description="The minute under way: counted so far, not stored.")
+
+
+class MinutesOut(BaseModel):
+    """Jobs ended per minute, oldest first, the minute under way last."""
+
+    minutes: list[MinuteOut]

@@ -1,7 +1,7 @@
 // notifyq dashboard: plain JavaScript, no dependencies, no build step.
 //
-// It short-polls the HTTP API (GET /queues, GET /jobs, GET /jobs/{id}, GET /workflows/{id}) and
-// draws what it gets; the job in the detail pane is followed through its event stream
+// It short-polls the HTTP API (GET /queues, GET /queues/states, GET /jobs, GET /jobs/{id},
+// GET /workflows/{id}, GET /workers) and draws what it gets; the job in the detail pane is followed through its event stream
 // (GET /jobs/{id}/events) while it runs. Every value from the API reaches the page through text
 // nodes or attribute values, never as HTML, so payloads, errors and names are shown verbatim and
 // cannot inject markup.
@@ -15,6 +15,7 @@
   const PAGE_SIZE = 50;
   const MAX_LIVE_ROWS = 500; // GET /jobs answers at most 500 a page
   const TASKS_EVERY = 20; // polls between refreshes of the task names
+  const HOUR_EVERY = 7; // polls between reads of the last hour's minutes (about 10 s)
   const TOKEN_KEY = "notifyq.apiToken";
   const STATUSES = ["waiting", "queued", "processing", "completed", "failed", "cancelled"];
   const FINAL = new Set(["completed", "failed", "cancelled"]);
@@ -198,7 +199,7 @@
     return json(d);
   }
 
-  async function api(method, path, params) {
+  async function api(method, path, params, json) {
     const url = new URL(path, API_BASE);
     for (const [k, v] of Object.entries(params || {})) {
       if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, String(v));
@@ -206,9 +207,14 @@
     const headers = { Accept: "application/json" };
     const token = getToken();
     if (token) headers.Authorization = `Bearer ${token}`;
+    const init = { method, headers, cache: "no-store", credentials: "omit" };
+    if (json !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(json);
+    }
     let response;
     try {
-      response = await fetch(url, { method, headers, cache: "no-store", credentials: "omit" });
+      response = await fetch(url, init);
     } catch {
       throw new ApiError(0, "the notifyq API does not answer");
     }
@@ -236,7 +242,11 @@
     lastOk: null, // Date.now() of the last complete poll
     queues: [],
     samples: [], // {t, completed|null, lastMinute, failedLastMinute}
-    filters: { status: "", queue: "", task: "", group: "" },
+    filters: { status: "", queue: "", task: "", group: "", payload: "" },
+    view: "jobs", // or "workers"
+    queueStates: new Map(), // queue -> GET /queues/states row
+    workers: null, // GET /workers, while the workers page is shown
+    bulkBusy: false,
     jobs: [],
     nextCursor: null,
     listGen: 0, // bumps on every filter change; stale answers are dropped
@@ -247,7 +257,6 @@
     detailJson: null,
     stream: null, // {id, controller, live}: the selected job's event stream, while it runs
     streamRetryAt: 0,
-    bulkRetry: false,
     wf: null, // the open workflow view: {id, data, missing, timer, busy, done, layoutKey, nodes}
     zoom: 1,
   };
@@ -264,12 +273,14 @@
     if (state.authNeeded) return;
     state.ticks += 1;
     const work = [refreshQueues()];
-    if (!state.wf) work.push(refreshJobs()); // the list is hidden behind the workflow view
+    if (state.view === "workers") work.push(refreshWorkers());
+    else if (!state.wf) work.push(refreshJobs()); // the list is hidden behind the workflow view
     // A live stream pushes the detail's changes; without one, the detail is polled.
     if (streaming()) renderDetail();
     else work.push(refreshDetail());
     resumeWorkflow();
     if (state.ticks % TASKS_EVERY === 1) work.push(refreshTasks());
+    if (state.ticks % HOUR_EVERY === 1) work.push(refreshHour());
     const results = await Promise.allSettled(work);
     const errors = results.filter((r) => r.status === "rejected").map((r) => r.reason);
     if (errors.length === 0) connected();
@@ -342,13 +353,16 @@
 
   // -- queues ------------------------------------------------------------------------------
 
+  /** Queue states in which due jobs do not move at all until someone acts. */
+  const STUCK_STATES = new Set(["paused", "unregistered", "breaker_open", "no_workers"]);
   const QUEUE_COLS = ["waiting", "queued", "due", "processing", "completed", "failed", "cancelled", "completed_last_minute", "oldest_due_seconds"];
 
   async function refreshQueues() {
     const sent = performance.now();
-    const rows = await api("GET", "queues");
+    const [rows, states] = await Promise.all([api("GET", "queues"), api("GET", "queues/states").catch(() => null)]);
     const t = (sent + performance.now()) / 2; // about when the server counted
     state.queues = rows;
+    if (Array.isArray(states)) state.queueStates = new Map(states.map((q) => [q.queue, q]));
     addSample(rows, t);
     renderQueues(rows);
     drawChart();
@@ -373,7 +387,7 @@
     for (const col of QUEUE_COLS) tr.append(h("td", { class: "num", data: { col } }));
     const pause = h("button", { type: "button", class: "small" });
     pause.addEventListener("click", () => togglePause(name, pause));
-    const stateCell = h("td", { data: { col: "state" } }, h("div", { class: "state-cell" }, h("span", { class: "badge" }), pause));
+    const stateCell = h("td", { data: { col: "state" } }, h("div", { class: "state-cell" }, h("span", { class: "badge" }), pause), h("div", { class: "why small" }));
     tr.append(stateCell);
     return tr;
   }
@@ -412,11 +426,27 @@
     wait.classList.toggle("zero", q.oldest_due_seconds === null);
     wait.classList.toggle("warn", q.oldest_due_seconds >= 30 && q.oldest_due_seconds < 300);
     wait.classList.toggle("bad", q.oldest_due_seconds >= 300);
+    const reason = state.queueStates.get(tr.dataset.queue);
+    wait.title = reason && !["ok", "idle"].includes(reason.state) ? reason.reasons.join("; ") : "";
     const stateCell = cell("state");
     stateCell.dataset.value = q.paused ? "paused" : "active";
     const label = stateCell.querySelector(".badge");
     setText(label, q.paused ? "paused" : "active");
     label.className = `badge badge-${q.paused ? "paused" : "active"}`;
+    // Why its due jobs do not move (GET /queues/states), when something holds them back.
+    const why = state.queueStates.get(tr.dataset.queue);
+    const held = why && !["ok", "idle"].includes(why.state);
+    stateCell.dataset.why = why ? why.state : "";
+    // The worst reason in the cell when jobs are stuck, every one in its tooltip; a queue that
+    // is only busy, rate-limited or polled gets a badge that says so, without alarm.
+    const stuck = held && STUCK_STATES.has(why.state);
+    setText(stateCell.querySelector(".why"), stuck ? why.reasons[0] : "");
+    stateCell.querySelector(".why").hidden = !stuck;
+    stateCell.title = held ? why.reasons.join("; ") : "";
+    if (held && !q.paused) {
+      setText(label, why.state.replace("_", " "));
+      label.className = `badge ${stuck ? "badge-held" : why.state === "busy" ? "badge-running" : "badge-paused"}`;
+    }
     const button = stateCell.querySelector("button");
     if (!button.dataset.busy) {
       setText(button, q.paused ? "Resume" : "Pause");
@@ -641,13 +671,59 @@
     }
   }
 
+  // -- the last hour, per minute (GET /stats/minutes) ----------------------------------------
+  //
+  // One bar per minute, completed below and failed on top; the minute under way is the last
+  // bar. A minute not counted yet (the API counts a few per read) is left empty.
+
+  const HOUR_W = 610;
+  const HOUR_H = 44;
+
+  async function refreshHour() {
+    const body = await api("GET", "stats/minutes", { minutes: 60 });
+    renderHour(body.minutes);
+  }
+
+  function renderHour(rows) {
+    const chart = $("hour-chart");
+    const total = (r) => (r.completed ?? 0) + (r.failed ?? 0);
+    const max = Math.max(1, ...rows.map(total));
+    const step = HOUR_W / Math.max(rows.length, 1);
+    const bars = rows.map((r, i) => {
+      const x = i * step + 1;
+      const width = Math.max(step - 2, 1);
+      const hc = ((r.completed ?? 0) / max) * (HOUR_H - 2);
+      const hf = ((r.failed ?? 0) / max) * (HOUR_H - 2);
+      const g = svg("g", { class: "hour-bar", "data-minute": r.minute, "data-completed": r.completed ?? "", "data-failed": r.failed ?? "", "data-partial": r.partial ? "1" : "" });
+      const title = svg("title");
+      const when = `${fmtTime(r.minute).slice(11, 16)}${r.partial ? " (so far)" : ""}`;
+      title.textContent = r.completed === null ? `${when}: not counted yet` : `${when}: ${fmtInt(r.completed)} completed, ${fmtInt(r.failed)} failed, ${fmtInt(r.cancelled)} cancelled`;
+      g.append(title, svg("rect", { class: "hour-bg", x, y: 0, width, height: HOUR_H }));
+      if (hc > 0) g.append(svg("rect", { class: "hour-completed", x, y: HOUR_H - hc, width, height: hc }));
+      if (hf > 0) g.append(svg("rect", { class: "hour-failed", x, y: HOUR_H - hc - hf, width, height: hf }));
+      return g;
+    });
+    chart.replaceChildren(...bars);
+    const counted = rows.filter((r) => r.completed !== null);
+    const sum = (k) => counted.reduce((a, r) => a + r[k], 0);
+    const pending = rows.length - counted.length;
+    const summary = $("hour-summary");
+    summary.replaceChildren(
+      h("strong", { text: fmtInt(sum("completed")) }), " completed · ",
+      h("strong", { class: sum("failed") ? "bad-text" : "", text: fmtInt(sum("failed")) }), " failed",
+      pending ? h("span", { class: "muted", text: ` (${fmtInt(pending)} minute${pending === 1 ? "" : "s"} still being counted)` }) : "",
+    );
+    summary.dataset.completed = String(sum("completed"));
+    summary.dataset.failed = String(sum("failed"));
+  }
+
   // -- jobs list ---------------------------------------------------------------------------
 
   // List pages carry no job data unless asked; the rows show a payload preview, and the
   // detail pane reads the whole job (result, errors) from GET /jobs/{id}.
   function filterParams() {
     const f = state.filters;
-    return { status: f.status, queue: f.queue, task: f.task, group_key: f.group, include: "payload" };
+    return { status: f.status, queue: f.queue, task: f.task, group_key: f.group, payload: f.payload, include: "payload" };
   }
 
   async function refreshJobs() {
@@ -789,15 +865,22 @@
     setText($("jobs-count"), state.listLoaded ? `${fmtInt(n)} job${n === 1 ? "" : "s"} shown${more}` : "Loading…");
     $("jobs-count").dataset.value = String(n);
     $("load-more").hidden = !state.nextCursor;
-    updateRequeueButton();
+    if (state.filters.payload && state.listLoaded) {
+      // A payload search looks at a bounded number of jobs per page (see GET /jobs).
+      setText($("jobs-count"), `${fmtInt(n)} job${n === 1 ? "" : "s"} found with that payload${state.nextCursor ? "; Load more searches further" : ""}`);
+    }
+    updateBulkButtons();
   }
 
-  function setFilters(filters) {
+  function setFilters(filters, { fromHash = false } = {}) {
     state.filters = { ...state.filters, ...filters };
     $("f-status").value = state.filters.status;
     $("f-queue").value = state.filters.queue;
     $("f-task").value = state.filters.task;
     $("f-group").value = state.filters.group;
+    $("f-payload").value = state.filters.payload;
+    showPayloadError(payloadProblem(state.filters.payload));
+    if (!fromHash) writeHash(false);
     state.listGen += 1;
     state.jobs = [];
     state.nextCursor = null;
@@ -808,76 +891,284 @@
   }
 
   function readFilters() {
+    const payload = $("f-payload").value.trim();
+    const problem = payloadProblem(payload);
+    showPayloadError(problem);
     const next = {
       status: $("f-status").value,
       queue: $("f-queue").value.trim(),
       task: $("f-task").value.trim(),
       group: $("f-group").value,
+      payload: problem ? state.filters.payload : payload, // a bad one is not sent
     };
     const f = state.filters;
     if (Object.keys(next).some((k) => next[k] !== f[k])) setFilters(next);
   }
 
-  // -- requeue all failed (when the API has POST /jobs/retry) ------------------------------
+  const MAX_PAYLOAD_FILTER = 2000; // as the API's bound
 
-  function updateRequeueButton() {
-    const button = $("requeue-all");
-    const status = state.filters.status;
-    // POST /jobs/retry knows no group key: with one in the filter, it would requeue more than
-    // the list shows.
-    const fits = state.bulkRetry && (status === "failed" || status === "cancelled") && !state.filters.group;
-    button.hidden = !fits;
-    if (!fits) return;
-    const scope = [state.filters.queue && `queue ${state.filters.queue}`, state.filters.task && `task ${state.filters.task}`].filter(Boolean);
-    setText(button, `Requeue all ${status}`);
-    button.title = `Requeue every ${status} job${scope.length ? ` of ${scope.join(" and ")}` : ""}`;
-  }
-
-  async function requeueAll() {
-    const { status, queue, task } = state.filters;
-    if (status !== "failed" && status !== "cancelled") return;
-    const button = $("requeue-all");
-    if (!window.confirm(`${button.title}?`)) return;
-    button.disabled = true;
+  /** What is wrong with a payload filter's text, or null (empty: no filter). */
+  function payloadProblem(text) {
+    if (!text) return null;
+    if (text.length > MAX_PAYLOAD_FILTER) return `at most ${MAX_PAYLOAD_FILTER} characters`;
+    let value;
     try {
-      const answer = await api("POST", "jobs/retry", { status, queue, task });
-      const n = answer && typeof answer.requeued === "number" ? answer.requeued : null;
-      toast(n === null ? `Requeued the ${status} jobs.` : `Requeued ${fmtInt(n)} ${status} job${n === 1 ? "" : "s"}.`);
-      tick();
-    } catch (err) {
-      actionFailed(err, `Could not requeue the ${status} jobs`);
-    } finally {
-      button.disabled = false;
+      value = JSON.parse(text);
+    } catch {
+      return 'not JSON: write an object, such as {"account": 42}';
     }
+    if (value === null || typeof value !== "object" || Array.isArray(value)) return 'a JSON object, such as {"account": 42}';
+    return null;
   }
 
-  async function detectBulkRetry() {
+  function showPayloadError(problem) {
+    const p = $("f-payload-error");
+    p.hidden = !problem;
+    p.textContent = problem ? `Payload filter: ${problem}.` : "";
+    $("f-payload").setAttribute("aria-invalid", problem ? "true" : "false");
+  }
+
+  const UUID_RE = /^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$/i;
+
+  /** The job id field: a whole id opens that job (its page is in the address, #job=...). */
+  function openTypedJob() {
+    const input = $("f-id");
+    const id = input.value.trim();
+    const error = $("f-id-error");
+    if (!id) {
+      error.hidden = true;
+      return;
+    }
+    if (!UUID_RE.test(id)) {
+      error.textContent = "Job id: a whole job id (a UUID), such as 0b0c6a9e-3c5e-4a53-9a3f-2a8f6f1d9c11.";
+      error.hidden = false;
+      input.setAttribute("aria-invalid", "true");
+      return;
+    }
+    error.hidden = true;
+    input.setAttribute("aria-invalid", "false");
+    input.value = "";
+    openJob(id.toLowerCase());
+  }
+
+  /** The version, from the OpenAPI document (which the token does not guard). */
+  async function readVersion() {
     try {
       const response = await fetch(new URL("openapi.json", API_BASE), { cache: "no-store", credentials: "omit" });
       if (!response.ok) return;
       const spec = await response.json();
-      state.bulkRetry = Boolean(spec && spec.paths && spec.paths["/jobs/retry"] && spec.paths["/jobs/retry"].post);
       const version = spec && spec.info && spec.info.version;
       if (version) setText($("version"), `v${version}`);
-      updateRequeueButton();
     } catch {
-      /* no OpenAPI document: no bulk button */
+      /* no OpenAPI document: no version shown */
     }
+  }
+
+  // -- bulk actions by filter (POST /jobs/bulk) --------------------------------------------
+  //
+  // A dry run counts the jobs the action applies to; the dialog shows that count and the
+  // filters; once confirmed, the action goes in bounded steps (each looks at BULK_STEP jobs at
+  // most) until the API says it is done.
+
+  const BULK_STEP = 500;
+  const BULK_MAX_STEPS = 2000; // a million candidates: past that, the user asks again
+  const BULK_STATUSES = {
+    retry: ["failed", "cancelled"],
+    cancel: ["waiting", "queued", "processing"],
+    delete: ["completed", "failed", "cancelled"],
+  };
+  const BULK_WORDS = { retry: "Retry", cancel: "Cancel", delete: "Delete" };
+
+  function bulkBody(action) {
+    const f = state.filters;
+    const body = { action };
+    if (f.status) body.status = f.status;
+    if (f.queue) body.queue = f.queue;
+    if (f.task) body.task = f.task;
+    if (f.group) body.group_key = f.group;
+    if (f.payload) body.payload = JSON.parse(f.payload); // checked by payloadProblem
+    return body;
+  }
+
+  function describeFilters() {
+    const f = state.filters;
+    const parts = [
+      f.status && `status ${f.status}`,
+      f.queue && `queue ${f.queue}`,
+      f.task && `task ${f.task}`,
+      f.group && `group ${f.group}`,
+      f.payload && `payload containing ${f.payload}`,
+    ].filter(Boolean);
+    return parts.length ? `Matching ${parts.join(", ")}.` : "Every job (no filter is set).";
+  }
+
+  function updateBulkButtons() {
+    const status = state.filters.status;
+    for (const [action, statuses] of Object.entries(BULK_STATUSES)) {
+      const button = $(`bulk-${action}`);
+      const fits = !status || statuses.includes(status);
+      button.disabled = state.bulkBusy || !fits;
+      button.title = fits
+        ? `${BULK_WORDS[action]} every ${status || statuses.join(", ")} job matching the filters`
+        : `${BULK_WORDS[action]} applies to ${statuses.join(", ")} jobs, not ${status}`;
+    }
+  }
+
+  /** Asks with the page's own dialog; answers true for yes. */
+  function confirmDialog(title, text, detail, yes) {
+    const dialog = $("confirm");
+    setText($("confirm-title"), title);
+    setText($("confirm-text"), text);
+    setText($("confirm-filter"), detail);
+    setText($("confirm-yes"), yes);
+    return new Promise((resolve) => {
+      const done = (answer) => {
+        $("confirm-yes").removeEventListener("click", onYes);
+        $("confirm-no").removeEventListener("click", onNo);
+        dialog.removeEventListener("cancel", onNo);
+        if (dialog.open) dialog.close();
+        resolve(answer);
+      };
+      const onYes = () => done(true);
+      const onNo = (event) => {
+        if (event) event.preventDefault();
+        done(false);
+      };
+      $("confirm-yes").addEventListener("click", onYes);
+      $("confirm-no").addEventListener("click", onNo);
+      dialog.addEventListener("cancel", onNo);
+      dialog.showModal();
+      $("confirm-no").focus();
+    });
+  }
+
+  async function bulkAction(action) {
+    if (state.bulkBusy) return;
+    if (payloadProblem(state.filters.payload)) return;
+    const word = BULK_WORDS[action];
+    const progress = $("bulk-progress");
+    state.bulkBusy = true;
+    updateBulkButtons();
+    try {
+      setText(progress, "Counting…");
+      const count = await api("POST", "jobs/bulk", undefined, { ...bulkBody(action), dry_run: true });
+      setText(progress, "");
+      const n = count.matched;
+      if (n === 0) {
+        toast(`No job to ${action}: none matches.`);
+        return;
+      }
+      const what = `${count.exact ? "" : "at least "}${fmtInt(n)} job${n === 1 ? "" : "s"}`;
+      const extra = action === "cancel" ? " Running ones are asked to stop; jobs waiting for them are cancelled too." : action === "delete" ? " This cannot be undone." : "";
+      const ok = await confirmDialog(`${word} ${what}?`, `${word} ${what}.${extra}`, describeFilters(), `${word} ${what}`);
+      if (!ok) return;
+      let affected = 0;
+      let stopping = 0;
+      let after = null;
+      for (let step = 0; step < BULK_MAX_STEPS; step += 1) {
+        const answer = await api("POST", "jobs/bulk", undefined, { ...bulkBody(action), limit: BULK_STEP, after });
+        affected += answer.affected || 0;
+        stopping += answer.stopping || 0;
+        after = answer.next_after || null;
+        setText(progress, `${word}: ${fmtInt(affected)} so far…`);
+        if (!after) break;
+      }
+      const past = { retry: "Requeued", cancel: "Cancelled", delete: "Deleted" }[action];
+      const asked = stopping ? ` (${fmtInt(stopping)} running, asked to stop)` : "";
+      toast(`${past} ${fmtInt(affected)} job${affected === 1 ? "" : "s"}${asked}.`);
+      tick();
+    } catch (err) {
+      actionFailed(err, `Could not ${action} the matching jobs`);
+    } finally {
+      setText(progress, "");
+      state.bulkBusy = false;
+      updateBulkButtons();
+    }
+  }
+
+  // -- workers page (GET /workers) ----------------------------------------------------------
+
+  function showView(view) {
+    state.view = view;
+    const workers = view === "workers";
+    $("workers").hidden = !workers;
+    $("jobs-card").hidden = workers || Boolean(state.wf);
+    document.body.dataset.view = view;
+    $("nav-jobs").setAttribute("aria-pressed", String(!workers));
+    $("nav-workers").setAttribute("aria-pressed", String(workers));
+    if (workers) refreshWorkers().catch((err) => trouble([err]));
+  }
+
+  function goView(view) {
+    if (view === state.view) return;
+    if (state.wf && view === "workers") hideWorkflow();
+    showView(view);
+    writeHash(true);
+  }
+
+  async function refreshWorkers() {
+    const rows = await api("GET", "workers");
+    if (state.view !== "workers") return;
+    state.workers = rows;
+    renderWorkers();
+  }
+
+  function renderWorkers() {
+    const rows = state.workers || [];
+    const body = $("workers-body");
+    body.replaceChildren(
+      ...rows.map((w) => {
+        const jobs = w.jobs.map((job) => {
+          const open = h("button", { type: "button", class: "linkish", text: `${shortId(job.job_id)} ${job.task}`, title: `${job.job_id} on ${job.queue}, started ${fmtTime(job.started_at)}`, "aria-label": `Open job ${shortId(job.job_id)} (${job.task}), run by ${w.worker_id}` });
+          open.addEventListener("click", () => openJob(job.job_id));
+          return h("li", {}, open, h("span", { class: "muted small", text: ` ${fmtAgo(job.started_at)}` }));
+        });
+        const more = w.running - w.jobs.length;
+        const queues = !w.listening ? h("span", { class: "muted", text: "not listening (busy)" }) : w.queues === null ? "every queue" : w.queues.join(", ");
+        return h(
+          "tr",
+          { data: { workerId: w.worker_id, listening: w.listening ? "1" : "" } },
+          h("th", { scope: "row", class: "mono", title: w.worker_id, text: w.worker_id }),
+          h("td", { data: { col: "queues" } }, w.listening ? h("span", { class: "badge badge-active", text: "listening" }) : null, " ", queues),
+          h("td", { class: "num", data: { col: "running" }, text: fmtInt(w.running) }),
+          h("td", { data: { col: "jobs" } }, jobs.length ? h("ul", { class: "worker-jobs" }, jobs, more > 0 ? h("li", { class: "muted", text: `and ${fmtInt(more)} more` }) : null) : h("span", { class: "muted", text: "idle" })),
+        );
+      }),
+    );
+    $("workers-empty").hidden = rows.length > 0;
+    const listening = rows.filter((w) => w.listening).length;
+    const running = rows.reduce((a, w) => a + w.running, 0);
+    setText($("workers-note"), `${fmtInt(rows.length)} worker${rows.length === 1 ? "" : "s"}, ${fmtInt(listening)} listening, ${fmtInt(running)} job${running === 1 ? "" : "s"} running`);
   }
 
   // -- where the page is: the URL's hash ---------------------------------------------------
   //
   // #job=<id> opens a job's detail, #workflow=<id> the workflow view, and both can be there
-  // (#workflow=<id>&job=<id>). Selecting a job replaces the history entry; opening or leaving a
-  // workflow adds one, so the browser's Back goes from a workflow back to the list.
+  // (#workflow=<id>&job=<id>). The list's filters are there too (#status=failed&queue=emails,
+  // payload= a JSON object), and view=workers for the workers page, so reloading or sharing the
+  // address shows the same view. Selecting a job or changing a filter replaces the history
+  // entry; opening or leaving a workflow or a page adds one, so Back goes back to the list.
+
+  const FILTER_KEYS = ["status", "queue", "task", "group", "payload"];
 
   function readHash() {
     const params = new URLSearchParams(location.hash.replace(/^#/, ""));
-    return { job: params.get("job") || null, workflow: params.get("workflow") || null };
+    const filters = {};
+    for (const key of FILTER_KEYS) filters[key] = (params.get(key) || "").slice(0, key === "payload" ? MAX_PAYLOAD_FILTER : 200);
+    if (!STATUSES.includes(filters.status)) filters.status = "";
+    if (payloadProblem(filters.payload)) filters.payload = "";
+    return {
+      job: params.get("job") || null,
+      workflow: params.get("workflow") || null,
+      view: params.get("view") === "workers" ? "workers" : "jobs",
+      filters,
+    };
   }
 
   function writeHash(push) {
     const params = new URLSearchParams();
+    if (state.view !== "jobs") params.set("view", state.view);
+    for (const key of FILTER_KEYS) if (state.filters[key]) params.set(key, state.filters[key]);
     if (state.wf) params.set("workflow", state.wf.id);
     if (state.selectedId) params.set("job", state.selectedId);
     const hash = params.toString();
@@ -893,6 +1184,8 @@
   /** Shows what the hash names (on load, Back and Forward, or an edited address). */
   function applyHash() {
     const want = readHash();
+    if (FILTER_KEYS.some((k) => want.filters[k] !== state.filters[k])) setFilters(want.filters, { fromHash: true });
+    if (want.view !== state.view) showView(want.view);
     if (want.workflow !== (state.wf ? state.wf.id : null)) {
       if (want.workflow) showWorkflow(want.workflow);
       else hideWorkflow();
@@ -908,6 +1201,8 @@
   function openJob(id) {
     selectJob(id);
     writeHash(false);
+    // One column (a narrow screen): the job's page is below the lists; go there.
+    if (window.matchMedia("(max-width: 1000px)").matches) $("detail").scrollIntoView({ block: "start" });
   }
 
   function closeJob() {
@@ -1008,6 +1303,7 @@
     $("btn-close").hidden = !open;
     $("btn-retry").hidden = !job || !(job.status === "failed" || job.status === "cancelled");
     $("btn-cancel").hidden = !job || FINAL.has(job.status);
+    $("btn-delete").hidden = !job || !FINAL.has(job.status);
     const status = $("detail-status");
     if (!open) {
       setText($("detail-title"), "Job detail");
@@ -1090,12 +1386,48 @@
         job.cancel_requested_at ? timeField("Cancel asked", job.cancel_requested_at) : null,
       ),
       h("div", { class: "progress-box", data: { part: "progress" } }),
+      h("h3", { text: "Timeline" }),
+      timeline(job),
       h("h3", { text: "Payload" }),
       h("pre", { class: "json payload", text: json(job.payload) }),
       hasResult || job.status === "completed" ? [h("h3", { text: "Result" }), h("pre", { class: "json result", text: json(job.result) })] : null,
       h("h3", { text: `Errors (${errors.length})` }),
       h("div", { class: "errors-box" }, errorList),
     ];
+  }
+
+  /** The job's life in time order: created, due, each failed attempt (from its errors
+   * history), the last start, a cancel request, and its end. */
+  function timeline(job) {
+    const events = [];
+    const add = (kind, at, text) => {
+      if (at) events.push({ kind, at, text, t: Date.parse(at) });
+    };
+    add("created", job.created_at, "Created");
+    if (job.run_at && job.run_at !== job.created_at) {
+      const due = Date.parse(job.run_at) > Date.now() ? "Due (not yet)" : "Due";
+      add("run_at", job.run_at, due);
+    }
+    const errors = Array.isArray(job.errors) ? job.errors : [];
+    for (const e of errors) add("attempt_failed", e.at, `Attempt ${e.attempt ?? "?"} failed${e.worker ? ` on ${e.worker}` : ""}`);
+    add("started", job.started_at, `Attempt ${job.attempt_count} started${job.worker_id ? ` on ${job.worker_id}` : ""}`);
+    add("cancel_requested", job.cancel_requested_at, "Cancel requested");
+    if (FINAL.has(job.status)) add("finished", job.finished_at, `Ended ${job.status}`);
+    events.sort((a, b) => a.t - b.t);
+    const first = events.length ? events[0].t : 0;
+    return h(
+      "ol",
+      { class: "timeline" },
+      events.map((e) =>
+        h(
+          "li",
+          { data: { event: e.kind } },
+          h("span", { class: `tl-dot tl-${e.kind}`, "aria-hidden": "true" }),
+          h("span", { class: "tl-text", text: e.text }),
+          h("time", { datetime: e.at, class: "muted small", text: `${fmtTime(e.at)}${e.t > first ? ` (+${fmtDuration((e.t - first) / 1000)})` : ""}` }),
+        ),
+      ),
+    );
   }
 
   /** The detail's progress: a bar while the job runs, the last report's text once it ended. */
@@ -1118,6 +1450,25 @@
       box.replaceChildren(h("h3", { text: "Progress" }), bar, text);
     } else if (bar) updateBar(bar, p);
     setText(text, running ? fmtProgress(p) : `Last reported: ${fmtProgress(p)}`);
+  }
+
+  async function deleteJob() {
+    const id = state.selectedId;
+    if (!id) return;
+    const ok = await confirmDialog(`Delete job ${shortId(id)}?`, "Its row, payload, result and errors are removed. This cannot be undone.", id, "Delete job");
+    if (!ok || state.selectedId !== id) return;
+    const button = $("btn-delete");
+    button.disabled = true;
+    try {
+      await api("DELETE", `jobs/${segment(id)}`);
+      toast(`Job ${shortId(id)} deleted.`);
+      closeJob();
+      tick();
+    } catch (err) {
+      actionFailed(err, `Could not delete job ${shortId(id)}`);
+    } finally {
+      button.disabled = false;
+    }
   }
 
   async function jobAction(kind) {
@@ -1273,6 +1624,7 @@
     if (state.wf && state.wf.id === id) return;
     if (state.wf) clearTimeout(state.wf.timer); // another workflow: replaced in place
     state.wf = { id, data: null, missing: false, error: null, timer: null, busy: false, again: false, done: false, layoutKey: null, nodes: new Map(), edges: [] };
+    if (state.view === "workers") showView("jobs");
     $("jobs-card").hidden = true;
     $("workflow").hidden = false;
     renderWorkflow();
@@ -1286,7 +1638,7 @@
     $("workflow").hidden = true;
     $("wf-canvas").replaceChildren();
     applyZoom(); // no workflow: an empty sizer
-    $("jobs-card").hidden = false;
+    $("jobs-card").hidden = state.view === "workers";
     if (!state.authNeeded) refreshJobs().catch((err) => trouble([err]));
   }
 
@@ -1629,9 +1981,30 @@
         timer = setTimeout(readFilters, 400);
       });
     }
-    $("f-clear").addEventListener("click", () => setFilters({ status: "", queue: "", task: "", group: "" }));
+    $("f-clear").addEventListener("click", () => {
+      $("f-id").value = "";
+      $("f-id-error").hidden = true;
+      setFilters({ status: "", queue: "", task: "", group: "", payload: "" });
+    });
+    $("f-payload").addEventListener("change", readFilters);
+    $("f-payload").addEventListener("keydown", (event) => {
+      if (event.key === "Enter") {
+        event.preventDefault();
+        readFilters();
+      }
+    });
+    $("f-id").addEventListener("keydown", (event) => {
+      if (event.key === "Enter") {
+        event.preventDefault();
+        openTypedJob();
+      }
+    });
+    $("f-id").addEventListener("change", openTypedJob);
+    for (const action of Object.keys(BULK_STATUSES)) $(`bulk-${action}`).addEventListener("click", () => bulkAction(action));
+    $("btn-delete").addEventListener("click", deleteJob);
+    $("nav-jobs").addEventListener("click", () => goView("jobs"));
+    $("nav-workers").addEventListener("click", () => goView("workers"));
     $("load-more").addEventListener("click", loadMore);
-    $("requeue-all").addEventListener("click", requeueAll);
     $("btn-retry").addEventListener("click", () => jobAction("retry"));
     $("btn-cancel").addEventListener("click", () => jobAction("cancel"));
     $("btn-close").addEventListener("click", closeJob);
@@ -1642,7 +2015,7 @@
     window.addEventListener("hashchange", applyHash);
     document.addEventListener("keydown", (event) => {
       const typing = event.target instanceof HTMLInputElement || event.target instanceof HTMLSelectElement;
-      if (event.key === "Escape" && !typing && state.selectedId) closeJob();
+      if (event.key === "Escape" && !typing && state.selectedId && !$("confirm").open) closeJob();
     });
     document.addEventListener("visibilitychange", () => {
       if (document.hidden || state.authNeeded) return;
@@ -1653,7 +2026,7 @@
 
     applyHash();
     renderJobs();
-    detectBulkRetry();
+    readVersion();
     tick();
   }
 

@@ -11,13 +11,21 @@ read, watch) for blocking code.
 
 from __future__ import annotations
 
-from notifyq.store._managing import Managing
+from notifyq.store._managing import BulkDone, JobFilter, Managing, Searched
 from notifyq.store._runner import WRITE_CHUNK
 from notifyq.store._submit import ENQUEUE_CHUNK, Submitting
 from notifyq.store._sync import SyncStore
 from notifyq.store._working import Working
 
-__all__ = ["ENQUEUE_CHUNK", "WRITE_CHUNK", "Store", "SyncStore"]
+__all__ = [
+    "ENQUEUE_CHUNK",
+    "WRITE_CHUNK",
+    "BulkDone",
+    "JobFilter",
+    "Searched",
+    "Store",
+    "SyncStore",
+]
 
 
 class Store(Submitting, Managing, Working):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from psycopg.rows import dict_row, kwargs_row, scalar_row, tuple_row
@@ -14,6 +15,56 @@ from notifyq.store._runner import Runner
 _JOB = kwargs_row(Job.of)
 _CANCELLED = kwargs_row(Cancelled.of)
 _RETRIED = kwargs_row(Retried.of)
+_EXTENT = ("scanned", "last_created", "last_id")
+
+#: What a bulk action does, and the statement that does it.
+BulkAction = Literal["retry", "cancel", "delete"]
+_BULK_QUERIES: dict[str, str] = {
+    "retry": "bulk_retry_jobs",
+    "cancel": "bulk_cancel_jobs",
+    "delete": "bulk_delete_jobs",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """The filters of a search or a bulk action; ``contains`` is JSON text (an object) that
+    the payload must contain (jsonb ``@>``), checked by :func:`~notifyq.models.encode_json`."""
+
+    queue: str | None = None
+    task: str | None = None
+    group_key: str | None = None
+    contains: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The statements' parameters for these filters."""
+        return {
+            "queue": self.queue,
+            "task": self.task,
+            "group_key": self.group_key,
+            "contains": self.contains,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Searched:
+    """One page of a bounded search: the matching jobs, how many rows were looked at, and the
+    (created_at, id) of the last one (None when none was)."""
+
+    jobs: list[Job]
+    scanned: int
+    last: tuple[datetime, UUID] | None
+
+
+@dataclass(frozen=True, slots=True)
+class BulkDone:
+    """What one bounded step of a bulk action did: jobs changed, running jobs whose workers
+    were asked to stop them (cancel only), candidates looked at, and the last one's id."""
+
+    changed: int
+    stopping: int
+    scanned: int
+    last: UUID | None
 
 
 class Managing(Runner):
@@ -45,6 +96,86 @@ class Managing(Runner):
             "after_id": after[1] if after else None,
         }
         return await self._all("list_jobs", params, _JOB, what="listing jobs")
+
+    async def search_jobs(
+        self,
+        where: JobFilter,
+        *,
+        status: JobStatus | None = None,
+        limit: int = 50,
+        scan: int = 5000,
+        after: tuple[datetime, UUID] | None = None,
+    ) -> Searched:
+        """Jobs newest first matching ``where`` (its payload containment included) among at
+        most ``scan`` rows after ``after``: a bounded search, to go on from ``last``."""
+        params = {
+            **where.params(),
+            "status": status.value if status else None,
+            "limit": limit,
+            "scan": scan,
+            "after_created": after[0] if after else None,
+            "after_id": after[1] if after else None,
+        }
+        rows = await self._all("search_jobs", params, dict_row, what="searching jobs")
+        if not rows:  # the statement answers one row at least
+            return Searched([], 0, None)
+        scanned, last_created, last_id = (rows[0][key] for key in _EXTENT)
+        jobs = [
+            Job.from_row({k: v for k, v in row.items() if k not in _EXTENT})
+            for row in rows
+            if row["id"] is not None
+        ]
+        last = None if last_created is None else (last_created, last_id)
+        return Searched(jobs, scanned, last)
+
+    async def count_matching(
+        self, where: JobFilter, *, statuses: list[JobStatus], scan: int = 100_000
+    ) -> tuple[int, int]:
+        """How many jobs in ``statuses`` match ``where``, and how many rows were looked at
+        (at most ``scan``: the count is exact when fewer were)."""
+        params = {**where.params(), "statuses": [s.value for s in statuses], "scan": scan}
+        row = await self._one("count_matching_jobs", params, tuple_row, what="counting jobs")
+        assert row is not None, "count_matching_jobs answers one row"
+        return row[0], row[1]
+
+    async def bulk_jobs(
+        self,
+        action: BulkAction,
+        where: JobFilter,
+        *,
+        statuses: list[JobStatus],
+        limit: int = 500,
+        after: UUID | None = None,
+    ) -> BulkDone:
+        """One bounded step of a bulk retry, cancel or delete: at most ``limit`` candidates
+        in id order after ``after``; the caller goes on from ``last`` while ``scanned`` is
+        ``limit``."""
+        params = {
+            **where.params(),
+            "statuses": [s.value for s in statuses],
+            "limit": limit,
+            "after": after or UUID(int=0),
+        }
+        query = _BULK_QUERIES[action]
+        row = await self._one(query, params, tuple_row, what=f"bulk {action} of jobs")
+        assert row is not None, f"{query} answers one row"
+        return BulkDone(row[0], row[1], row[2], row[3])
+
+    async def queue_conditions(self) -> list[dict[str, Any]]:
+        """Per queue: due jobs of tasks no worker registered (and their names), due tasks
+        whose breaker is open, and the idle workers listening on it."""
+        return await self._all("queue_conditions", None, dict_row, what="reading queue states")
+
+    async def minute_stats(self, *, minutes: int = 60, fill: int = 10) -> list[dict[str, Any]]:
+        """Jobs completed, failed and cancelled per minute over the last ``minutes`` and the
+        minute under way (``partial``), oldest first; counts up to ``fill`` minutes not stored
+        yet (the others answer None until a later call)."""
+        params = {"minutes": minutes, "fill": fill}
+        return await self._all("minute_stats", params, dict_row, what="reading minute counts")
+
+    async def list_workers(self, *, limit: int = 500) -> list[dict[str, Any]]:
+        """The workers listening (idle) or running jobs, with up to 20 of their jobs each."""
+        return await self._all("list_workers", {"limit": limit}, dict_row, what="listing workers")
 
     async def workflow_jobs(self, workflow_id: UUID, *, limit: int = 10_000) -> list[Job]:
         """The jobs of a workflow, oldest first (none for an unknown id)."""

@@ -1,11 +1,12 @@
-"""The job routes: read one, list a page, cancel, retry, delete. (Submitting is in
-:mod:`notifyq.api.fast`.)"""
+"""The job routes: read one, list (or search) a page, cancel, retry, delete, and the bulk
+actions by filter. (Submitting is in :mod:`notifyq.api.fast`.)"""
 
 from __future__ import annotations
 
 import base64
+import json
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
@@ -16,6 +17,9 @@ from notifyq.api.deps import StoreDep
 from notifyq.api.errors import NOT_FOUND, not_found
 from notifyq.api.schemas import (
     LIST_DATA_FIELDS,
+    MAX_CONTAINS_LENGTH,
+    BulkIn,
+    BulkOut,
     ErrorOut,
     JobListed,
     JobOut,
@@ -24,9 +28,21 @@ from notifyq.api.schemas import (
     RetryableStatus,
 )
 from notifyq.errors import InvalidJob
-from notifyq.models import MAX_GROUP_KEY_LENGTH, MAX_NAME_LENGTH, Job, JobStatus
+from notifyq.models import MAX_GROUP_KEY_LENGTH, MAX_NAME_LENGTH, Job, JobStatus, encode_json
+from notifyq.store import JobFilter
 
 router = APIRouter()
+
+#: Rows one page of a payload search looks at, at most (no index serves jsonb @>).
+SEARCH_SCAN = 5000
+#: Rows a dry run of POST /jobs/bulk counts, at most.
+COUNT_SCAN = 100_000
+#: The statuses each bulk action applies to.
+BULK_STATUSES: dict[str, tuple[JobStatus, ...]] = {
+    "retry": (JobStatus.FAILED, JobStatus.CANCELLED),
+    "cancel": (JobStatus.WAITING, JobStatus.QUEUED, JobStatus.PROCESSING),
+    "delete": (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED),
+}
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, responses=NOT_FOUND, summary="Read a job")
@@ -62,17 +78,97 @@ async def list_jobs(
             "each job of the page carries (none by default; GET /jobs/{id} has them all).",
         ),
     ] = None,
+    payload: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_CONTAINS_LENGTH,
+            description="A JSON object: only jobs whose payload contains it (jsonb @>, e.g. "
+            '{"account": 42}). Such a page looks at ' + f"{SEARCH_SCAN:,} jobs at most, so it "
+            "may hold fewer than `limit` (even none) and still have a next_cursor; the "
+            "answer's `scanned` says how many it looked at.",
+        ),
+    ] = None,
 ) -> Response:
     omitted = frozenset(LIST_DATA_FIELDS) - _included(include)
     after = _decode_cursor(cursor) if cursor else None
-    jobs = await store.list_jobs(
-        status=status_, queue=queue, task=task, group_key=group_key, limit=limit + 1, after=after
-    )
-    page, more = jobs[:limit], len(jobs) > limit
-    cursor_json = f'"{_encode_cursor(page[-1])}"' if more else "null"  # base64: no escapes
+    if payload is not None:
+        where = JobFilter(queue, task, group_key, _contains(payload, ("query", "payload")))
+        found = await store.search_jobs(
+            where, status=status_, limit=limit + 1, scan=SEARCH_SCAN, after=after
+        )
+        page = found.jobs[:limit]
+        if len(found.jobs) > limit:
+            next_cursor: str | None = _encode_cursor(page[-1])
+        elif found.scanned == SEARCH_SCAN and found.last is not None:
+            next_cursor = _cursor_of(*found.last)
+        else:
+            next_cursor = None
+        extra = f',"scanned":{found.scanned}'
+    else:
+        jobs = await store.list_jobs(
+            status=status_,
+            queue=queue,
+            task=task,
+            group_key=group_key,
+            limit=limit + 1,
+            after=after,
+        )
+        page = jobs[:limit]
+        next_cursor = _encode_cursor(page[-1]) if len(jobs) > limit else None
+        extra = ""
+    cursor_json = f'"{next_cursor}"' if next_cursor else "null"  # base64: no escapes
     listed = ",".join(JobListed.json_of(job, omitted) for job in page)
     return Response(
-        f'{{"jobs":[{listed}],"next_cursor":{cursor_json}}}', media_type="application/json"
+        f'{{"jobs":[{listed}],"next_cursor":{cursor_json}{extra}}}',
+        media_type="application/json",
+    )
+
+
+@router.post(
+    "/jobs/bulk",
+    response_model=BulkOut,
+    response_model_exclude_none=True,
+    summary="Retry, cancel or delete the jobs matching a filter, a bounded step at a time",
+)
+async def bulk_jobs(body: BulkIn, store: StoreDep) -> BulkOut:
+    """Each step looks at ``limit`` candidates at most (in id order after ``after``) and
+    answers ``next_after`` to go on from, until it is null; ``dry_run`` answers the count the
+    action applies to, to show before confirming. Jobs locked by a worker or another request at
+    that moment are skipped. Cancel goes the way of ``POST /jobs/{id}/cancel``: running jobs'
+    workers are told to stop them, and jobs waiting for a cancelled one are cancelled too."""
+    allowed = BULK_STATUSES[body.action]
+    if body.status is not None and body.status not in allowed:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("body", "status"),
+                    "msg": f"{body.action} applies to "
+                    f"{', '.join(s.value for s in allowed)} jobs, not {body.status.value}",
+                    "type": "value_error",
+                }
+            ]
+        )
+    statuses = [body.status] if body.status is not None else list(allowed)
+    contains = None
+    if body.payload is not None:
+        contains = encode_json(body.payload, what="the payload filter")
+        _check_contains_length(contains, ("body", "payload"))
+    where = JobFilter(body.queue, body.task, body.group_key, contains)
+    if body.dry_run:
+        matched, scanned = await store.count_matching(where, statuses=statuses, scan=COUNT_SCAN)
+        return BulkOut(
+            action=body.action, dry_run=True, matched=matched, exact=scanned < COUNT_SCAN
+        )
+    done = await store.bulk_jobs(
+        body.action, where, statuses=statuses, limit=body.limit, after=body.after
+    )
+    return BulkOut(
+        action=body.action,
+        dry_run=False,
+        affected=done.changed + done.stopping,
+        stopping=done.stopping if body.action == "cancel" else None,
+        scanned=done.scanned,
+        next_after=done.last if done.scanned >= body.limit else None,
     )
 
 
@@ -180,8 +276,46 @@ def _included(include: str | None) -> frozenset[str]:
     return names
 
 
+def _contains(text: str, loc: tuple[str, str]) -> str:
+    """A payload filter's JSON text, checked: an object that jsonb can hold; a 422 otherwise."""
+
+    def refuse(msg: str) -> RequestValidationError:
+        return RequestValidationError([{"loc": loc, "msg": msg, "type": "value_error"}])
+
+    try:
+        value: Any = json.loads(text)
+    except RecursionError:
+        raise refuse("the payload filter nests too deeply") from None
+    except ValueError as exc:
+        raise refuse(f"the payload filter is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise refuse('the payload filter must be a JSON object, such as {"account": 42}')
+    try:
+        return encode_json(value, what="the payload filter")
+    except InvalidJob as exc:
+        raise refuse(str(exc)) from None
+
+
+def _check_contains_length(text: str, loc: tuple[str, str]) -> None:
+    if len(text) > MAX_CONTAINS_LENGTH:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": loc,
+                    "msg": f"the payload filter is longer than {MAX_CONTAINS_LENGTH} "
+                    "characters of JSON",
+                    "type": "value_error",
+                }
+            ]
+        )
+
+
 def _encode_cursor(job: Job) -> str:
-    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
+    return _cursor_of(job.created_at, job.id)
+
+
+def _cursor_of(created_at: datetime, job_id: UUID) -> str:
+    raw = f"{created_at.isoformat()}|{job_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

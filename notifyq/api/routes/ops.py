@@ -1,5 +1,5 @@
-"""The operators' routes: liveness, readiness, Prometheus metrics, the registered tasks, and
-the dashboard (a page and its assets).
+"""The operators' routes: liveness, readiness, Prometheus metrics, the registered tasks, the
+workers the database knows of, jobs ended per minute, and the dashboard (a page and its assets).
 
 ``router`` needs the token when one is set; ``open_router`` (``/health``) and the dashboard's
 files do not (the app lists them in its open paths): liveness probes carry no token, and the
@@ -11,18 +11,18 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 from notifyq._version import __version__
 from notifyq.api.deps import MetricsDep, ScrapeLockDep, SettingsDep, StoreDep, SupervisorDep
 from notifyq.api.middleware import authenticated
-from notifyq.api.schemas import HealthOut, ReadyOut, TaskOut
+from notifyq.api.schemas import HealthOut, MinutesOut, ReadyOut, TaskOut, WorkerOut
 from notifyq.errors import DatabaseUnavailable, NotifyQError
 from notifyq.metrics import CONTENT_TYPE_LATEST
 from notifyq.migrations import latest_version
@@ -104,6 +104,33 @@ async def prometheus(store: StoreDep, metrics: MetricsDep, scraping: ScrapeLockD
 )
 async def list_tasks(store: StoreDep) -> list[TaskOut]:
     return [TaskOut.of(row) for row in await store.list_tasks()]
+
+
+@router.get(
+    "/workers",
+    response_model=list[WorkerOut],
+    summary="Workers listening for jobs or running them, with what each runs now",
+)
+async def list_workers(store: StoreDep) -> list[WorkerOut]:
+    """From what the database holds: idle workers' marks (a busy worker has none) and the
+    running jobs' worker ids; 500 workers at most, 20 jobs each."""
+    return [WorkerOut(**row) for row in await store.list_workers(limit=500)]
+
+
+@router.get(
+    "/stats/minutes",
+    response_model=MinutesOut,
+    summary="Jobs completed, failed and cancelled per minute, for the last hour's charts",
+)
+async def minute_stats(
+    store: StoreDep,
+    minutes: Annotated[int, Query(ge=1, le=60, description="Whole minutes back.")] = 60,
+) -> MinutesOut:
+    """Each whole minute is counted once from the finished jobs and stored (the first read
+    after it ended does it; at most 10 per read), so every API process answers the same; the
+    minute under way is counted on each read."""
+    rows = await store.minute_stats(minutes=minutes, fill=10)
+    return MinutesOut.model_validate({"minutes": rows})
 
 
 @open_router.get(

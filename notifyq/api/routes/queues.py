@@ -1,12 +1,14 @@
-"""The queue routes: counts by status, and the pause switch."""
+"""The queue routes: counts by status, what holds each queue back, and the pause switch."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 
-from notifyq.api.deps import StoreDep
-from notifyq.api.schemas import QueueOut
+from notifyq.api.deps import SettingsDep, StoreDep
+from notifyq.api.schemas import QueueOut, QueueStateOut
 from notifyq.errors import InvalidJob
 from notifyq.models import check_name
 from notifyq.store import Store
@@ -21,6 +23,68 @@ router = APIRouter()
 )
 async def list_queues(store: StoreDep) -> list[QueueOut]:
     return [QueueOut(**row) for row in await store.queue_stats()]
+
+
+@router.get(
+    "/queues/states",
+    response_model=list[QueueStateOut],
+    summary="Whether each queue's due jobs move, and if not, why",
+)
+async def queue_states(store: StoreDep, settings: SettingsDep) -> list[QueueStateOut]:
+    stats = {row["queue"]: row for row in await store.queue_stats()}
+    conditions = {row["queue"]: row for row in await store.queue_conditions()}
+    return [
+        _state(name, stats[name], conditions.get(name), settings.poll_interval) for name in stats
+    ]
+
+
+def _state(
+    queue: str, stats: dict[str, Any], found: dict[str, Any] | None, poll_interval: float
+) -> QueueStateOut:
+    """The states of a queue, worst first: the first names it."""
+    due, processing = stats["due"], stats["processing"]
+    listening = found["listening"] if found else 0
+    unregistered = list(found["unregistered_tasks"]) if found else []
+    broken = list(found["breaker_open_tasks"]) if found else []
+    states: list[tuple[str, str]] = []
+    if stats["paused"]:
+        states.append(("paused", "paused: no job is claimed until it is resumed"))
+    if unregistered:
+        n = found["unregistered"] if found else 0
+        states.append(
+            (
+                "unregistered",
+                f"{n} due job(s) of task(s) no worker registered: {', '.join(unregistered)}",
+            )
+        )
+    if broken:
+        states.append(("breaker_open", f"circuit breaker open for {', '.join(broken)}"))
+    if due and stats["rate_limit"] is not None:
+        states.append(("rate_limited", f"rate-limited to {stats['rate_limit']:g} jobs/s"))
+    if due and not stats["paused"]:
+        if listening == 0 and processing == 0:
+            states.append(("no_workers", "no worker is listening on it or running its jobs"))
+        elif listening == 0:
+            states.append(("busy", f"every worker serving it is busy ({processing} running)"))
+    if not stats["notify"]:
+        states.append(
+            (
+                "polling",
+                "notifications off: drained by each worker's poll "
+                f"(every {poll_interval:g} s here)",
+            )
+        )
+    if not states:
+        states.append(("ok", "jobs move") if due or processing else ("idle", "nothing due"))
+    return QueueStateOut(
+        queue=queue,
+        state=states[0][0],
+        reasons=[reason for _, reason in states],
+        due=due,
+        processing=processing,
+        listening=listening,
+        unregistered_tasks=unregistered,
+    )
 
 
 @router.post(

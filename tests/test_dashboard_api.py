@@ -1,0 +1,362 @@
+"""The routes the dashboard's pages read: the payload search of GET /jobs, POST /jobs/bulk,
+GET /queues/states and GET /workers; bounded, and bad input answered 4xx."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timezone
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from notifyq.api import create_app
+from notifyq.api.routes import jobs as jobs_routes
+from notifyq.settings import Settings
+from tests.helpers import insert_in_state, registry, running_worker, wait_for_status, wait_until
+
+
+@contextlib.asynccontextmanager
+async def api(settings: Settings, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings.model_copy(update={"run_worker": False, **overrides}))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client,
+    ):
+        yield client
+
+
+#: A JSON value nested deeper than notifyq reads (jsonb would take it).
+DEEP: Any = 1
+for _ in range(120):
+    DEEP = [DEEP]
+
+
+def client_error(response: httpx.Response, code: int) -> None:
+    assert response.status_code == code, (response.status_code, response.text)
+    assert "detail" in response.json()
+
+
+async def enqueue(client: httpx.AsyncClient, **job: Any) -> str:
+    answer = await client.post("/jobs", json=job)
+    assert answer.status_code == 201, answer.text
+    job_id: str = answer.json()["job_id"]
+    return job_id
+
+
+async def test_payload_search_finds_the_jobs_whose_payload_contains_the_object(
+    settings: Settings,
+) -> None:
+    async with api(settings) as client:
+        ids = [
+            await enqueue(client, task="echo", payload={"account": n % 3, "tags": ["a", f"t{n}"]})
+            for n in range(9)
+        ]
+        await enqueue(client, task="other", payload={"account": 1})
+        page = (await client.get("/jobs", params={"payload": '{"account": 1}'})).json()
+        by_task = await client.get("/jobs", params={"payload": '{"account": 1}', "task": "echo"})
+        nested = await client.get("/jobs", params={"payload": '{"tags": ["t4"]}'})
+        none = await client.get("/jobs", params={"payload": '{"account": 7}'})
+    assert len(page["jobs"]) == 4 and page["next_cursor"] is None and page["scanned"] == 10
+    assert [job["job_id"] for job in by_task.json()["jobs"]] == [ids[7], ids[4], ids[1]]
+    assert [job["job_id"] for job in nested.json()["jobs"]] == [ids[4]]
+    assert none.json()["jobs"] == [] and none.json()["next_cursor"] is None
+
+
+async def test_a_payload_search_looks_at_a_bounded_number_of_rows_per_page(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page scans SEARCH_SCAN rows at most; a page may come back empty with a cursor,
+    and following the cursors finds every match once."""
+    monkeypatch.setattr(jobs_routes, "SEARCH_SCAN", 4)
+    async with api(settings) as client:
+        wanted = []
+        for n in range(11):
+            job_id = await enqueue(client, task="echo", payload={"hit": n in (0, 1, 9)})
+            if n in (0, 1, 9):
+                wanted.append(job_id)
+        found: list[str] = []
+        scans: list[int] = []
+        cursor = None
+        for _ in range(10):
+            params = {"payload": '{"hit": true}', "limit": 1, **({"cursor": cursor} or {})}
+            if cursor is None:
+                params.pop("cursor")
+            page = (await client.get("/jobs", params=params)).json()
+            found += [job["job_id"] for job in page["jobs"]]
+            scans.append(page["scanned"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    assert found == wanted[::-1]
+    assert max(scans) <= 4
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "JSON object"),
+        ('"text"', "JSON object"),
+        ('{"a":' * 330 + "1" + "}" * 330, "nests"),
+        ('{"a": "x\\u0000y"}', "NUL"),
+        ('{"a": 1e400}', "JSON"),
+        ("{" + '"a":1,' * 400 + '"b":2}', "at most 2000"),
+    ],
+    ids=["not-json", "array", "string", "deep", "nul", "infinite", "long"],
+)
+async def test_a_bad_payload_filter_is_a_422(settings: Settings, value: str, says: str) -> None:
+    async with api(settings) as client:
+        answer = await client.get("/jobs", params={"payload": value})
+    client_error(answer, 422)
+    assert says.lower() in answer.text.lower(), answer.text
+
+
+async def test_bulk_dry_run_counts_what_the_action_applies_to(
+    settings: Settings, conn: Any
+) -> None:
+    await insert_in_state(conn, "mail", 3, status="'failed'", finished_at="now()")
+    await insert_in_state(conn, "mail", 2, status="'cancelled'", finished_at="now()")
+    await insert_in_state(conn, "echo", 4, status="'completed'", finished_at="now()")
+    await conn.execute("UPDATE notifyq.jobs SET payload = '{\"acct\": 1}' WHERE task = 'echo'")
+    async with api(settings) as client:
+
+        async def count(**body: Any) -> Any:
+            answer = await client.post("/jobs/bulk", json={"dry_run": True, **body})
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        retry_all = await count(action="retry")
+        retry_failed = await count(action="retry", status="failed", task="mail")
+        delete_all = await count(action="delete")
+        delete_acct = await count(action="delete", payload={"acct": 1})
+        cancel = await count(action="cancel")
+    assert retry_all == {"action": "retry", "dry_run": True, "matched": 5, "exact": True}
+    assert retry_failed["matched"] == 3
+    assert delete_all["matched"] == 9 and delete_acct["matched"] == 4
+    assert cancel["matched"] == 0
+
+
+async def test_bulk_retry_and_delete_go_a_bounded_step_at_a_time(
+    settings: Settings, conn: Any
+) -> None:
+    failed = await insert_in_state(
+        conn, "mail", 5, status="'failed'", finished_at="now()", attempt_count="1"
+    )
+    await insert_in_state(conn, "echo", 3, status="'failed'", finished_at="now()")
+    async with api(settings) as client:
+        steps = []
+        after = None
+        while True:
+            body = {"action": "retry", "task": "mail", "limit": 2, "after": after}
+            answer = await client.post("/jobs/bulk", json=body)
+            assert answer.status_code == 200, answer.text
+            steps.append(answer.json())
+            after = steps[-1].get("next_after")
+            if after is None:
+                break
+        deleted = await client.post("/jobs/bulk", json={"action": "delete", "status": "failed"})
+    assert [step["scanned"] for step in steps] == [2, 2, 1]
+    assert sum(step["affected"] for step in steps) == 5
+    cursor = await conn.execute(
+        "SELECT count(*) FROM notifyq.jobs WHERE id = ANY(%s) AND status = 'queued'", [failed]
+    )
+    assert (await cursor.fetchone())[0] == 5
+    # The echo jobs stayed failed and were deleted; the requeued ones were not finished.
+    assert deleted.json()["affected"] == 3
+    cursor = await conn.execute("SELECT count(*) FROM notifyq.jobs")
+    assert (await cursor.fetchone())[0] == 5
+
+
+async def test_bulk_delete_spares_a_job_a_waiting_job_depends_on(
+    settings: Settings, conn: Any
+) -> None:
+    async with api(settings) as client:
+        parent = await enqueue(client, payload={}, delay=600)
+        child = await enqueue(client, payload={}, depends_on=[parent])
+        cancelled = await client.post(
+            "/jobs/bulk", json={"action": "cancel", "status": "queued", "payload": {}}
+        )
+        # The child was cancelled with its parent, as POST /jobs/{id}/cancel does.
+        deleted = await client.post("/jobs/bulk", json={"action": "delete"})
+        gone = [(await client.get(f"/jobs/{i}")).status_code for i in (parent, child)]
+    assert cancelled.json()["affected"] == 1
+    assert deleted.json()["affected"] == 2
+    assert gone == [404, 404]
+
+
+async def test_bulk_cancel_asks_the_worker_of_a_running_job_to_stop_it(
+    settings: Settings, conn: Any
+) -> None:
+    started = anyio.Event()
+
+    async def endless(payload: dict[str, Any]) -> None:
+        started.set()
+        await anyio.sleep(3600)
+
+    tasks = registry(endless=endless)
+    async with running_worker(settings, tasks), api(settings) as client:
+        running = await enqueue(client, task="endless", payload={"n": 1})
+        queued = await enqueue(client, task="endless", payload={"n": 2}, delay=600)
+        with anyio.fail_after(10):
+            await started.wait()
+        await wait_for_status(conn, running, "processing")
+        answer = await client.post("/jobs/bulk", json={"action": "cancel", "task": "endless"})
+        await wait_for_status(conn, running, "cancelled")
+        await wait_for_status(conn, queued, "cancelled")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["affected"] == 2 and body["stopping"] == 1 and body.get("next_after") is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"action": "retry", "status": "completed"},
+        {"action": "delete", "status": "processing"},
+        {"action": "cancel", "status": "failed"},
+        {"action": "explode"},
+        {"action": "retry", "limit": 1001},
+        {"action": "retry", "limit": 0},
+        {"action": "retry", "after": "not-a-uuid"},
+        {"action": "retry", "payload": [1]},
+        {"action": "retry", "payload": {"a": "x\u0000"}},
+        {"action": "retry", "payload": {"k": "v" * 2100}},
+        {"action": "retry", "queue": ""},
+        {"action": "retry", "colour": "red"},
+        {"action": "retry", "queue": "a\u0000b"},
+        {"action": "delete", "task": "a\u0000b", "dry_run": True},
+        {"action": "cancel", "group_key": "\u0000"},
+        {"action": "retry", "payload": {"deep": DEEP}},
+    ],
+)
+async def test_bad_bulk_input_is_a_422(settings: Settings, body: dict[str, Any]) -> None:
+    async with api(settings) as client:
+        client_error(await client.post("/jobs/bulk", json=body), 422)
+
+
+async def test_queue_states_say_why_due_jobs_do_not_move(settings: Settings, conn: Any) -> None:
+    async with api(settings) as client:
+        await enqueue(client, task="nobody_knows", queue="orphans", payload={})
+        await enqueue(client, task="echo", queue="held", payload={})
+        await client.post("/queues/held/pause")
+        await enqueue(client, task="echo", queue="lonely", payload={})
+        await conn.execute("UPDATE notifyq.queues SET notify = false WHERE name = 'held'")
+        states = {row["queue"]: row for row in (await client.get("/queues/states")).json()}
+    assert states["orphans"]["state"] == "unregistered"
+    assert states["orphans"]["unregistered_tasks"] == ["nobody_knows"]
+    assert "no worker registered" in states["orphans"]["reasons"][0]
+    assert states["held"]["state"] == "paused"
+    assert any("polling" in r or "poll" in r for r in states["held"]["reasons"])
+    # echo is registered by the app's own registry only once a worker starts: none did.
+    assert states["lonely"]["state"] in ("unregistered", "no_workers")
+
+
+async def test_queue_states_and_workers_see_a_listening_worker(
+    settings: Settings, conn: Any
+) -> None:
+    release = anyio.Event()
+
+    async def hold(payload: dict[str, Any]) -> None:
+        await release.wait()
+
+    tasks = registry(hold=hold)
+    async with (
+        running_worker(settings.model_copy(update={"concurrency": 2}), tasks) as worker,
+        api(settings) as client,
+    ):
+
+        async def listening() -> Any:
+            rows = (await client.get("/workers")).json()
+            return [row for row in rows if row["worker_id"] == worker.id and row["listening"]]
+
+        await wait_until(listening)
+        job_id = await enqueue(client, task="hold", payload={})
+        await wait_for_status(conn, job_id, "processing")
+
+        async def running() -> Any:
+            rows = (await client.get("/workers")).json()
+            return [row for row in rows if row["worker_id"] == worker.id and row["running"]]
+
+        (row,) = await wait_until(running)
+        states = {row["queue"]: row for row in (await client.get("/queues/states")).json()}
+        release.set()
+    assert [job["job_id"] for job in row["jobs"]] == [job_id]
+    assert row["jobs"][0]["task"] == "hold"
+    assert states["default"]["state"] in ("ok", "idle")
+
+
+async def test_a_search_with_a_nul_in_a_filter_is_a_422(settings: Settings) -> None:
+    async with api(settings) as client:
+        answer = await client.get("/jobs", params={"payload": "{}", "queue": "a\u0000b"})
+    assert 400 <= answer.status_code < 500, answer.text
+
+
+async def test_the_new_routes_need_the_token_when_one_is_set(settings: Settings) -> None:
+    async with api(settings, api_token=SecretStr("s3cret")) as client:
+        for method, path, body in (
+            ("GET", "/queues/states", None),
+            ("GET", "/workers", None),
+            ("POST", "/jobs/bulk", {"action": "retry", "dry_run": True}),
+            ("GET", "/jobs?payload=%7B%7D", None),
+        ):
+            answer = await client.request(method, path, json=body)
+            client_error(answer, 401)
+            right = {"authorization": "Bearer s3cret"}
+            assert (await client.request(method, path, json=body, headers=right)).status_code == 200
+
+
+async def test_minute_stats_count_each_minute_once_and_keep_it(
+    settings: Settings, conn: Any
+) -> None:
+    """A whole minute is counted from the finished jobs once and stored: deleting the jobs
+    later does not change it. Each read counts 10 missing minutes at most, newest first."""
+    cursor = await conn.execute(
+        "SELECT date_trunc('minute', now() - interval '5 seconds') - interval '3 minutes',"
+        "       date_trunc('minute', now() - interval '5 seconds') - interval '30 minutes'"
+    )
+    recent, old = await cursor.fetchone()
+    at = "%s::timestamptz + interval '20 seconds'"
+    for minute, status, count in (
+        (recent, "completed", 3),
+        (recent, "failed", 2),
+        (old, "completed", 4),
+    ):
+        ids = await insert_in_state(conn, "echo", count, status=f"'{status}'")
+        await conn.execute(
+            f"UPDATE notifyq.jobs SET finished_at = {at} WHERE id = ANY(%s)", [minute, ids]
+        )
+    async with api(settings) as client:
+
+        async def read() -> dict[Any, dict[str, Any]]:
+            answer = await client.get("/stats/minutes")
+            assert answer.status_code == 200, answer.text
+            rows = answer.json()["minutes"]
+            assert len(rows) == 61 and rows[-1]["partial"] and not rows[0]["partial"]
+            return {row["minute"]: row for row in rows}
+
+        def at(rows: dict[Any, dict[str, Any]], minute: Any) -> dict[str, Any]:
+            stamp = minute.astimezone(timezone.utc).isoformat()[:16]  # the API answers in UTC
+            return next(row for name, row in rows.items() if name.startswith(stamp))
+
+        first = await read()
+        await conn.execute("DELETE FROM notifyq.jobs")
+        second = await read()
+        third = await read()
+        bad = [
+            await client.get("/stats/minutes", params={"minutes": value})
+            for value in ("0", "61", "many")
+        ]
+    row = at(first, recent)
+    assert (row["completed"], row["failed"], row["cancelled"]) == (3, 2, 0)
+    row = at(second, recent)
+    assert (row["completed"], row["failed"]) == (3, 2)  # stored: the jobs are gone
+    assert at(first, old)["completed"] is None  # beyond the first read's 10 minutes
+    assert at(third, old)["completed"] == 0  # counted by the third read, after the delete
+    for answer in bad:
+        client_error(answer, 422)
