@@ -296,6 +296,32 @@ async def test_the_heartbeat_confirms_started_jobs_and_stops_those_it_lost() -> 
     assert {h.job_id for h in ledger.held()} == {running.job.id, waiting.job.id}
 
 
+async def test_a_lost_job_that_no_runner_began_yet_does_not_start() -> None:
+    # Its lease ran out while it waited for a runner (a partition, a stalled loop): another
+    # worker may run it now, so this one must not start it too.
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    waiting = ledger.take(job(), TASK)
+    store.keep = set()
+    stats = WorkerStats()
+    idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
+    beat = Heartbeat(
+        store,  # type: ignore[arg-type]
+        ledger,
+        idle,
+        worker_id="w",
+        interval=1,
+        lease=30,
+        stats=stats,
+        signals=Signals(),
+    )
+    await beat.beat()
+    assert stats.lost == 1 and ledger.held() == []
+    assert not ledger.begin(waiting, anyio.CancelScope())
+    ledger.end(waiting)
+    assert (ledger.free, ledger.active) == (2, 0)
+
+
 # -- the outcome writer -------------------------------------------------------------------------
 
 
@@ -442,3 +468,38 @@ async def test_a_refused_completion_with_a_claim_is_written_plainly_and_frees_it
     assert ("complete_and_claim", 2) in store.calls
     assert [name for name, _ in store.calls].count("complete") == 4  # the batch, then one by one
     assert given.entries == [] and ledger.free == 2
+
+
+async def test_a_claim_in_flight_keeps_its_slots_from_the_writers_claim() -> None:
+    # The producer's claim and the writer's completion statement run at the same time: each
+    # fills only the slots set aside for it, so the worker never holds more than its slots.
+    store = FakeStore()
+    ledger, made, given, writer = refilled(store, 3)
+    parent = ledger.take(job(), TASK)
+    ledger.end(parent)  # 3 free
+    in_flight = anyio.Event()
+    answer = anyio.Event()
+
+    async def slow_claim(*, limit: int, **_: Any) -> list[ClaimedJob]:
+        store.calls.append(("claim", limit))
+        in_flight.set()
+        await answer.wait()
+        return [job() for _ in range(limit)]
+
+    store.claim = slow_claim  # type: ignore[method-assign]
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await in_flight.wait()
+            assert ledger.free == 0  # all three set aside for the producer's claim
+            writer.record(Success(parent.job.id, parent.job.claim, "null"))
+            await writer.flush()  # the writer finds no slot: a plain completion
+            answer.set()
+            await anyio.wait_all_tasks_blocked()
+            assert ledger.free == 0 and len(given.entries) == 3
+            ledger.stop()
+            for entry in ledger.entries():
+                ledger.begin(entry, anyio.CancelScope())
+                ledger.end(entry)
+    assert ("complete", [parent.job.id]) in store.calls
+    assert not any(name == "complete_and_claim" for name, _ in store.calls)

@@ -11,6 +11,7 @@ dictionaries.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -154,6 +155,16 @@ class Ledger:
         claim brought): a producer that waits for a slot is woken if one stays free."""
         self._free += reserved
 
+    @contextlib.contextmanager
+    def reserving(self, wanted: int) -> Iterator[int]:
+        """:meth:`reserve` for the block, :meth:`unreserve` at its end: take the jobs its claim
+        brought right after the block, with no wait in between."""
+        reserved = self.reserve(wanted)
+        try:
+            yield reserved
+        finally:
+            self.unreserve(reserved)
+
     def offer_free_slots(self) -> None:
         """After :meth:`unreserve` and the takes: wakes a producer that waits for a slot when
         one is still free."""
@@ -220,10 +231,14 @@ class Ledger:
         return entry
 
     def lose(self, held: Held) -> Entry | None:
-        """Another worker holds the job now: forgets it and stops its handler. Answers the
-        entry when it was running here."""
+        """Another worker may hold the job now: forgets it, and stops its handler if it runs, or
+        keeps it from starting if a runner has not begun it yet (it would run beside the other
+        worker's attempt). Answers the entry in both cases; None when the ledger does not hold
+        that claim, or when its handler already ended (the write of its outcome is fenced)."""
         entry = self._entries.get(held.job_id)
-        if entry is None or entry.job.claim != held.claim or not entry.running:
+        if entry is None or entry.job.claim != held.claim:
+            return None
+        if not entry.running and entry.started:
             return None
         del self._entries[held.job_id]
         entry.cancel(CancelReason.LEASE_LOST)

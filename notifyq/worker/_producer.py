@@ -182,28 +182,33 @@ class Producer:
             await self._read_limits_if_due()
             if self._guarded and time.monotonic() >= self._next_probe:
                 await self._probe_breakers()
-            limit = min(ledger.free, MAX_CLAIM_BATCH)
-            if limit == 0:
-                continue
-            limited = await self._claim_limited(limit) if self._limits_exist else []
-            if limited:
+            # The slots a claim may fill are set aside while it runs: the outcome writer claims
+            # too (in its completion statement), and must not fill the same ones.
+            limited: list[ClaimedJob] = []
+            if self._limits_exist:
+                with ledger.reserving(MAX_CLAIM_BATCH) as limit:
+                    limited = await self._claim_limited(limit) if limit else []
                 self._start(limited)
-            limit -= len(limited)
-            if limit == 0:
-                continue
-            try:
-                claimed = await self._store.claim(
-                    worker_id=self._worker_id,
-                    tasks=self._tasks,
-                    queues=self._queues,
-                    limit=limit,
-                    lease=self._lease,
-                )
-                failures = 0
-            except NotifyQError as exc:
+            claimed: list[ClaimedJob] | None = None
+            failure: NotifyQError | None = None
+            with ledger.reserving(MAX_CLAIM_BATCH) as limit:
+                if limit == 0:
+                    continue
+                try:
+                    claimed = await self._store.claim(
+                        worker_id=self._worker_id,
+                        tasks=self._tasks,
+                        queues=self._queues,
+                        limit=limit,
+                        lease=self._lease,
+                    )
+                    failures = 0
+                except NotifyQError as exc:
+                    failure = exc
+            if claimed is None:
                 failures += 1
                 delay = min(0.2 * 2**failures, self._poll_interval)
-                logger.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                logger.warning("claim failed (%s); retrying in %.1fs", failure, delay)
                 with anyio.move_on_after(delay):
                     await wake.wait()
                 continue
@@ -292,17 +297,18 @@ class Producer:
         try:
             won = await self._store.take_breaker_probes(self._guarded)
             for name in won:
-                if self._ledger.free == 0:
-                    break
-                logger.info("task %s: circuit breaker half-open, running one probe job", name)
-                claimed = await self._store.claim(
-                    worker_id=self._worker_id,
-                    tasks=[name],
-                    queues=self._queues,
-                    limit=1,
-                    lease=self._lease,
-                    probe=True,
-                )
+                with self._ledger.reserving(1) as limit:
+                    if limit == 0:
+                        break
+                    logger.info("task %s: circuit breaker half-open, running one probe job", name)
+                    claimed = await self._store.claim(
+                        worker_id=self._worker_id,
+                        tasks=[name],
+                        queues=self._queues,
+                        limit=1,
+                        lease=self._lease,
+                        probe=True,
+                    )
                 self._start(claimed)
         except NotifyQError as exc:
             logger.warning("circuit breaker probe failed: %s", exc)
