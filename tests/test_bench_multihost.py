@@ -32,6 +32,7 @@ from notifyq_bench.scenarios.multihost import (
     Plan,
     Run,
     bucket_rates,
+    host_shares,
     judge_runs,
     recovery_seconds,
     run_plan,
@@ -59,6 +60,10 @@ def test_recovery_is_the_first_run_of_good_buckets_from_the_healing() -> None:
     # Back at once: the bucket that starts at the healing is good.
     assert recovery_seconds([100, 50, 100, 100], 0.0, 1.0, 2.0, 100.0) == 0.0
     assert math.isnan(recovery_seconds([100, 50, 50], 0.0, 1.0, 1.0, 100.0))
+
+
+def test_a_hosts_share_is_its_rate_over_the_other_hosts_average() -> None:
+    assert host_shares([50, 0, 25, 0, 10], [150, 150, 150, 0, 0], 3) == [1.0, 0.0, 0.5, 0.0, 1.0]
 
 
 CUT, HEALED, LEASE = 100.0, 108.0, 5.0
@@ -166,6 +171,8 @@ def test_a_small_multihost_run_measures_the_partition_and_leaves_nothing_behind(
         "multihost.h2.pickup.p99",
         "multihost.scaling",
         "multihost.partition.recovery",
+        "multihost.partition.cluster_recovery",
+        "multihost.partition.after",
         "multihost.partition.dip",
     ):
         assert key in figures, key
