@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from notifyq_bench.harness import BenchError
+from notifyq_bench.harness import BenchError, _die_with_parent
 
 ACCOUNT = "postgres"
 
@@ -177,6 +177,9 @@ class BenchServer:
             cwd=self.dir,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
             start_new_session=True,
+            # Run after the switch to the account (a change of user would clear it): a killed
+            # bench takes its server along, whose backends then exit by themselves.
+            preexec_fn=_die_with_parent,
             **self._account,
         )
         log.close()
