@@ -25,6 +25,7 @@ from notifyq_bench.scenarios import (
     insert_trigger,
     latency,
     memory,
+    multihost,
     throughput,
     workflow,
 )
@@ -45,5 +46,6 @@ SCENARIOS: dict[str, Scenario] = {
         history.SCENARIO,
         concurrency.SCENARIO,
         workflow.SCENARIO,
+        multihost.SCENARIO,
     )
 }

@@ -1,0 +1,653 @@
+"""``multihost``: worker "hosts" in network namespaces, each behind its own veth link to a bridge,
+talking to a PostgreSQL of the bench's own over TCP (password logins only): throughput and pickup
+latency against the host count (1 to 4), then one host partitioned for longer than a lease while
+every host runs a steady stream of 20 ms jobs (throughput per 0.5 s, the dip, the recovery after
+healing, and from the table and the handlers' own record of every run: no job lost, none run
+twice by a live worker, stale completions discarded).
+
+No delay is added to the links: this kernel has no netem qdisc (nor any other that delays), so the
+round trip is that of a veth pair, measured and reported (``SELECT 1`` from inside a namespace);
+a real LAN adds about 0.2 ms to it. Needs root and ``ip``; skipped with a note otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import itertools
+import math
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from notifyq_bench import netns
+from notifyq_bench.harness import BenchError, Child, Scratch, child_env, poll_until
+from notifyq_bench.multihost_tasks import RUN, RUNLOG_ENV
+from notifyq_bench.netns import Host, Network
+from notifyq_bench.pgserver import BenchServer
+from notifyq_bench.report import RATIO, Figure, Target
+from notifyq_bench.scenarios.context import NOTIFYQ_JOBS, TASKS_MODULE, Context, Scenario
+from notifyq_bench.scenarios.measure import drain, pickup
+from notifyq_bench.stats import median, percentiles
+
+NAME = "multihost"
+SWEEP_CONCURRENCY = 50
+PARTITION_CONCURRENCY = 10
+JOB_MS = 20
+BUCKET_S = 0.5
+#: Throughput counts as back when this share of the pre-partition rate holds for
+#: RECOVERED_BUCKETS buckets in a row.
+RECOVERED_SHARE = 0.9
+RECOVERED_BUCKETS = 2
+PICKUP_RATE = 50.0
+#: The host counts of the sweep.
+HOSTS = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class Plan:
+    hosts: tuple[int, ...]
+    drain_jobs: int
+    pickup_jobs: int
+    partition_hosts: int
+    lease: float
+
+    @classmethod
+    def of(cls, ctx: Context) -> Plan:
+        quick = ctx.sizes.drain_jobs < 10_000
+        if quick:
+            return cls(HOSTS, 2_000, 50, 2, 3.0)
+        return cls(HOSTS, 10_000, 100, 4, 5.0)
+
+
+# -- pure arithmetic ----------------------------------------------------------------------------
+
+
+def bucket_rates(times: list[float], start: float, end: float, width: float) -> list[float]:
+    """Events per second in consecutive buckets of ``width`` seconds from ``start``; events
+    outside [start, end) are left out, and so is a last partial bucket."""
+    count = int((end - start) // width)
+    counts = [0] * max(count, 0)
+    for t in times:
+        index = math.floor((t - start) / width)
+        if 0 <= index < count:
+            counts[index] += 1
+    return [c / width for c in counts]
+
+
+def recovery_seconds(
+    rates: list[float],
+    start: float,
+    width: float,
+    healed: float,
+    baseline: float,
+    share: float = RECOVERED_SHARE,
+    run: int = RECOVERED_BUCKETS,
+) -> float:
+    """Seconds from ``healed`` to the start of the first bucket (beginning at or after it)
+    that opens ``run`` buckets in a row at ``share`` of ``baseline`` or more; NaN if that never
+    happens in ``rates``."""
+    first = math.ceil((healed - start) / width - 1e-9)
+    for index in range(max(first, 0), len(rates) - run + 1):
+        if all(r >= share * baseline for r in rates[index : index + run]):
+            return max(0.0, start + index * width - healed)
+    return float("nan")
+
+
+def host_shares(host: list[float], others: list[float], other_hosts: int) -> list[float]:
+    """Per bucket, one host's rate over the average rate of ``other_hosts`` others (0 where
+    the others did nothing, unless the host did something too: then 1)."""
+    out = []
+    for mine, theirs in zip(host, others, strict=True):
+        mean = theirs / other_hosts if other_hosts else 0.0
+        out.append(mine / mean if mean > 0 else (1.0 if mine > 0 else 0.0))
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    job: str
+    worker: str
+    start: float
+    end: float
+    token: str
+
+
+def judge_runs(
+    runs: list[Run],
+    accepted: dict[str, tuple[str | None, str | None]],
+    cut_workers: set[str],
+    cut: float,
+    healed: float,
+    lease: float,
+) -> dict[str, Any]:
+    """What the runs of each job say, given the row's kept result (token, worker) by job id.
+
+    A job run again is *allowed* when its earlier run was on the partitioned host, started
+    before the healing, and the later one started after the cut: that worker lost its lease
+    (at least once). Any other second run is a *run twice by a live worker*, and so is one
+    that overlapped the earlier run while both leases could still be valid (the partitioned
+    worker's lease is valid at most until ``cut + lease``). The kept result must not be that of
+    a run that lost its lease to a later one (the fence): that is a *stale completion
+    accepted*; a run that starts after the kept one without that excuse ran a job already
+    completed (*run again after completion*, one kind of run twice by a live worker)."""
+    by_job: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_job[r.job].append(r)
+
+    def lost_lease(earlier: Run, later: Run) -> bool:
+        """Whether ``earlier`` was a run whose worker lost the lease before ``later``."""
+        return earlier.worker in cut_workers and earlier.start < healed and later.start >= cut
+
+    def valid_until(r: Run) -> float:
+        if r.worker in cut_workers and r.start < healed:
+            return min(r.end, cut + lease)
+        return r.end
+
+    rerun_jobs = 0
+    extra_runs = 0
+    live_double: list[str] = []
+    overlapping: list[str] = []
+    stale_accepted: list[str] = []
+    ran_after_completion: list[str] = []
+    never_ran: list[str] = []
+    for job in accepted:
+        if job not in by_job:
+            never_ran.append(job)
+    for job, job_runs in by_job.items():
+        job_runs.sort(key=lambda r: r.start)
+        if len(job_runs) > 1:
+            rerun_jobs += 1
+            extra_runs += len(job_runs) - 1
+        for earlier, later in itertools.pairwise(job_runs):
+            allowed = lost_lease(earlier, later)
+            if not allowed:
+                live_double.append(job)
+            if later.start < valid_until(earlier) and earlier.start < valid_until(later):
+                overlapping.append(job)
+                live_double.append(job)
+        token, worker = accepted.get(job, (None, None))
+        kept = next((i for i, r in enumerate(job_runs) if r.token == token), None)
+        if kept is not None and kept < len(job_runs) - 1:
+            if lost_lease(job_runs[kept], job_runs[kept + 1]):
+                stale_accepted.append(job)  # the fence let a lost lease's completion in
+            else:
+                ran_after_completion.append(job)
+        elif token is not None and (kept is None or job_runs[kept].worker != worker):
+            stale_accepted.append(job)
+    return {
+        "runs": len(runs),
+        "jobs_run": len(by_job),
+        "jobs_run_again": rerun_jobs,
+        "extra_runs": extra_runs,
+        "run_twice_by_live_worker": len(set(live_double)),
+        "overlapping_valid_runs": len(set(overlapping)),
+        "stale_completions_accepted": len(stale_accepted),
+        "run_again_after_completion": len(ran_after_completion),
+        "completed_without_a_recorded_run": len(never_ran),
+        "examples": {
+            "run_twice_by_live_worker": sorted(set(live_double))[:5],
+            "stale_completions_accepted": stale_accepted[:5],
+            "run_again_after_completion": ran_after_completion[:5],
+        },
+    }
+
+
+# -- the scenario -------------------------------------------------------------------------------
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Cluster:
+    """The bench's server on the bridge, its scratch database, and workers started in hosts."""
+
+    def __init__(self, ctx: Context, net: Network, server: BenchServer, dbname: str) -> None:
+        self.ctx = ctx
+        self.net = net
+        self.server = server
+        self.dbname = dbname
+        self.runlog = Path(ctx.workdir) / "multihost-runs"
+        self.runlog.mkdir(exist_ok=True)
+
+    def start_workers(self, hosts: list[Host], concurrency: int, lease: float) -> list[Child]:
+        workers = []
+        for host in hosts:
+            argv = host.command(
+                [
+                    sys.executable,
+                    "-m",
+                    "notifyq",
+                    "worker",
+                    "--import",
+                    f"{TASKS_MODULE},notifyq_bench.multihost_tasks",
+                    "--concurrency",
+                    str(concurrency),
+                ]
+            )
+            env = child_env(
+                DATABASE_URL=self.server.url_without_password(self.dbname),
+                PGPASSWORD=self.server.password,
+                NOTIFYQ_LOG_LEVEL="INFO",
+                NOTIFYQ_SHUTDOWN_GRACE="1",
+                NOTIFYQ_LEASE_SECONDS=f"{lease:g}",
+                NOTIFYQ_AUTO_MIGRATE="false",
+                **{RUNLOG_ENV: str(self.runlog)},
+            )
+            workers.append(self.ctx.children.start(f"host{host.index}-worker", argv, env))
+        for worker in workers:
+            worker.wait_for(r"\bready\b")
+        return workers
+
+
+def _rtt(net: Network, server: BenchServer) -> dict[str, float]:
+    """``SELECT 1`` round trips from inside the first host, in ms."""
+    code = (
+        "import json, sys, time, psycopg\n"
+        "c = psycopg.connect(sys.argv[1], autocommit=True)\n"
+        "c.execute('SELECT 1')\n"
+        "out = []\n"
+        "for _ in range(300):\n"
+        "    t = time.perf_counter(); c.execute('SELECT 1').fetchone()\n"
+        "    out.append((time.perf_counter() - t) * 1000)\n"
+        "print(json.dumps(out))\n"
+    )
+    result = subprocess.run(
+        net.hosts[0].command([sys.executable, "-c", code, server.url_without_password("postgres")]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=child_env(PGPASSWORD=server.password),
+    )
+    if result.returncode != 0:
+        raise BenchError(f"the round trip from a host failed: {result.stderr.strip()[-300:]}")
+    import json
+
+    samples = json.loads(result.stdout)
+    p50, _, p99 = percentiles(samples)
+    return {"p50_ms": p50, "p99_ms": p99}
+
+
+def run(ctx: Context) -> None:
+    """Throughput and pickup latency against host count, then a partition."""
+    why = netns.unavailable()
+    if why is not None:
+        ctx.note(f"multihost skipped: {why}")
+        return
+    run_plan(ctx, Plan.of(ctx))
+
+
+def run_plan(ctx: Context, plan: Plan) -> None:
+    """:func:`run` at the sizes of ``plan`` (the tests run a small one)."""
+    dropped = netns.drop_stale()
+    if dropped:
+        ctx.note(f"removed namespaces and bridges of earlier runs: {dropped}")
+    ctx.step("making the hosts (network namespaces) and the bench's PostgreSQL")
+    with Network(max(max(plan.hosts), plan.partition_hosts)) as net:
+        server = BenchServer(net.server_address, _free_port(net.server_address))
+        with server:
+            scratch = Scratch(server.url)
+            try:
+                url = scratch.create("_multihost")
+                _measure(ctx, plan, net, server, url)
+            finally:
+                scratch.drop_all()
+
+
+def _measure(ctx: Context, plan: Plan, net: Network, server: BenchServer, url: str) -> None:
+    dbname = str(conninfo_to_dict(url)["dbname"])
+    cluster = Cluster(ctx, net, server, dbname)
+    here = dataclasses.replace(ctx, url=url)
+    rtt = _rtt(net, server)
+    raw: dict[str, Any] = {
+        "server": f"PostgreSQL {server.version()} of the bench's own, tcp {net.server_address}",
+        "added_latency_ms": 0.0,
+        "netem": "unavailable: no qdisc on this kernel adds delay; the links are bare veths",
+        "rtt_select1_ms": rtt,
+        "plan": dataclasses.asdict(plan),
+        "hosts": [],
+    }
+    ctx.note(
+        "multihost: no delay added to the links (no netem on this kernel); the round trip "
+        f"over veth (SELECT 1 from a host) is p50 {rtt['p50_ms']:.3f} ms, p99 "
+        f"{rtt['p99_ms']:.3f} ms, where a LAN adds about 0.2 ms"
+    )
+    ctx.done()
+    ctx.results.add(
+        Figure(
+            "multihost.rtt.p50",
+            NAME,
+            "round trip host → PostgreSQL over veth (SELECT 1): p50",
+            "ms",
+            [rtt["p50_ms"]],
+            note="no netem here: no delay added",
+        )
+    )
+    for count in plan.hosts:
+        hosts = net.hosts[:count]
+        ctx.step(f"{count} host(s): starting a worker in each")
+        workers = cluster.start_workers(hosts, SWEEP_CONCURRENCY, plan.lease)
+        data: dict[str, Any] = {"hosts": count, "jobs_per_s": [], "p50_ms": [], "p99_ms": []}
+        try:
+            for r in range(ctx.repeat):
+                ctx.step(
+                    f"{count} host(s): draining {plan.drain_jobs:,} jobs, {plan.pickup_jobs} "
+                    f"at {PICKUP_RATE:g}/s, repeat {r + 1}"
+                )
+                data["jobs_per_s"].append(
+                    drain(here, NOTIFYQ_JOBS, plan.drain_jobs, workers)["jobs_per_s"]
+                )
+                picked = pickup(here, NOTIFYQ_JOBS, plan.pickup_jobs, PICKUP_RATE)
+                data["p50_ms"].append(picked["p50_ms"])
+                data["p99_ms"].append(picked["p99_ms"])
+                ctx.done()
+        finally:
+            ctx.children.stop(*workers)
+        raw["hosts"].append(data)
+        plural = "s" if count > 1 else ""
+        label = f"{count} host{plural}, 1 worker each, concurrency {SWEEP_CONCURRENCY}"
+        ctx.results.add(
+            Figure(
+                f"multihost.h{count}.throughput",
+                NAME,
+                f"throughput, {label}",
+                "jobs/s",
+                data["jobs_per_s"],
+            )
+        )
+        for point in ("p50", "p99"):
+            ctx.results.add(
+                Figure(
+                    f"multihost.h{count}.pickup.{point}",
+                    NAME,
+                    f"pickup latency, {label}, {PICKUP_RATE:g} jobs/s: {point}",
+                    "ms",
+                    data[f"{point}_ms"],
+                )
+            )
+    first, last = raw["hosts"][0], raw["hosts"][-1]
+    ctx.results.add(
+        Figure(
+            "multihost.scaling",
+            NAME,
+            f"throughput, {last['hosts']} hosts / 1 host",
+            RATIO,
+            [a / b for a, b in zip(last["jobs_per_s"], first["jobs_per_s"], strict=True)],
+            note="2 shared cores: more hosts add processes, not CPUs",
+        )
+    )
+    ctx.results.raw[NAME] = raw
+    raw["partition"] = _partition(ctx, plan, net, cluster, here)
+
+
+class Feeder:
+    """Keeps a backlog of 20 ms jobs queued (topped up every 50 ms) in a thread."""
+
+    def __init__(self, ctx: Context, backlog: int) -> None:
+        self.ctx = ctx
+        self.backlog = backlog
+        self.inserted = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with self.ctx.connect() as conn:
+                while not self._stop.wait(0.05):
+                    row = conn.execute(
+                        "SELECT count(*) FROM notifyq.jobs WHERE status = 'queued'"
+                    ).fetchone()
+                    deficit = self.backlog - (row[0] if row else 0)
+                    if deficit > 0:
+                        conn.execute(
+                            "INSERT INTO notifyq.jobs (task, payload, max_attempts) "
+                            "SELECT %s, jsonb_build_object('ms', %s::int), 5 "
+                            "FROM generate_series(1, %s)",
+                            [RUN, JOB_MS, deficit],
+                        )
+                        self.inserted += deficit
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def halt(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.error is not None:
+            raise BenchError(f"the job feeder failed: {self.error}")
+
+
+def _leader_pid(here: Context) -> int | None:
+    with here.connect() as conn:
+        row = conn.execute(
+            "SELECT holder FROM notifyq.leaders WHERE expires_at > now() LIMIT 1"
+        ).fetchone()
+    if not row:
+        return None
+    try:
+        return int(str(row[0]).split(":")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _read_runs(folder: Path) -> list[Run]:
+    runs = []
+    for path in glob.glob(str(folder / "*.runs")):
+        for line in Path(path).read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 5:
+                runs.append(Run(parts[0], parts[1], float(parts[2]), float(parts[3]), parts[4]))
+    return runs
+
+
+def _partition(
+    ctx: Context, plan: Plan, net: Network, cluster: Cluster, here: Context
+) -> dict[str, Any]:
+    lease = plan.lease
+    hosts = net.hosts[: plan.partition_hosts]
+    ctx.step(f"partition: starting {len(hosts)} hosts, lease {lease:g} s")
+    with here.connect() as conn:
+        conn.execute("TRUNCATE notifyq.jobs")
+    for old in cluster.runlog.glob("*.runs"):
+        old.unlink()
+    workers = cluster.start_workers(hosts, PARTITION_CONCURRENCY, lease)
+    feeder = Feeder(here, backlog=20 * len(hosts) * PARTITION_CONCURRENCY)
+    cut_host: Host | None = None
+    try:
+        feeder.start()
+        time.sleep(1.0)  # warm up
+        t0 = time.time()
+        time.sleep(3.0)
+        leader = _leader_pid(here)
+        by_pid = {w.pid: h for w, h in zip(workers, hosts, strict=True)}
+        cut_host = by_pid.get(leader, hosts[-1]) if leader is not None else hosts[-1]
+        cut_worker = workers[hosts.index(cut_host)]
+        ctx.step(f"partition: host {cut_host.index} cut for {1.6 * lease:g} s (> 1 lease)")
+        cut = time.time()
+        net.cut(cut_host)
+        time.sleep(1.6 * lease)
+        net.heal(cut_host)
+        healed = time.time()
+        ctx.step("partition: healed; watching the recovery")
+        time.sleep(2.5 * lease)
+        end = time.time()
+        feeder.stop()
+        for worker in workers:
+            worker.check_alive()
+        with here.connect() as conn:
+
+            def quiet() -> bool:
+                row = conn.execute(
+                    "SELECT count(*) FROM notifyq.jobs WHERE status IN ('queued', 'processing')"
+                ).fetchone()
+                return bool(row and row[0] == 0)
+
+            poll_until(quiet, 60.0 + 2 * lease, "the partition run's jobs to finish")
+    finally:
+        if cut_host is not None and not cut_host.up:
+            net.heal(cut_host)
+        feeder.halt()
+        ctx.children.stop(*workers)
+    with here.connect() as conn:
+        counts = dict(
+            conn.execute(
+                sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(NOTIFYQ_JOBS)
+            ).fetchall()
+        )
+        rows = conn.execute(
+            "SELECT id::text, result->>'r', result->>'w', extract(epoch FROM finished_at)::float8,"
+            " claims FROM notifyq.jobs WHERE status = 'completed'"
+        ).fetchall()
+    finished = [r[3] for r in rows]
+    rates = bucket_rates(finished, t0, end, BUCKET_S)
+    before = [r for i, r in enumerate(rates) if t0 + (i + 1) * BUCKET_S <= cut]
+    during = [
+        r
+        for i, r in enumerate(rates)
+        if t0 + i * BUCKET_S >= cut and t0 + (i + 1) * BUCKET_S <= healed
+    ]
+    baseline = median(before)
+    partitioned_rate = sum(1 for t in finished if cut <= t < healed) / (healed - cut)
+    cluster_recovery = recovery_seconds(rates, t0, BUCKET_S, healed, baseline)
+    runs = _read_runs(cluster.runlog)
+    cut_workers = {r.worker for r in runs if f":{cut_worker.pid}:" in r.worker}
+    # The healed host's completions against the other hosts' average, bucket by bucket: a
+    # measure of its recovery that the machine's own load (shared cores) moves far less.
+    cut_finished = [r[3] for r in rows if r[2] in cut_workers]
+    other_finished = [r[3] for r in rows if r[2] not in cut_workers]
+    shares = host_shares(
+        bucket_rates(cut_finished, t0, end, BUCKET_S),
+        bucket_rates(other_finished, t0, end, BUCKET_S),
+        len(hosts) - 1,
+    )
+    recovery = recovery_seconds(shares, t0, BUCKET_S, healed, 1.0)
+    judged = judge_runs(runs, {r[0]: (r[1], r[2]) for r in rows}, cut_workers, cut, healed, lease)
+    completed = counts.get("completed", 0)
+    lost = feeder.inserted - completed
+    data = {
+        "hosts": len(hosts),
+        "concurrency": PARTITION_CONCURRENCY,
+        "job_ms": JOB_MS,
+        "lease_s": lease,
+        "cut_host": cut_host.index if cut_host else None,
+        "cut_host_led_maintenance": leader == cut_worker.pid if leader else False,
+        "cut_s": round(cut - t0, 3),
+        "healed_s": round(healed - t0, 3),
+        "end_s": round(end - t0, 3),
+        "bucket_s": BUCKET_S,
+        "rates_per_s": rates,
+        "baseline_per_s": baseline,
+        "partitioned_per_s": partitioned_rate,
+        "min_partitioned_bucket_per_s": min(during) if during else float("nan"),
+        "recovery_s": recovery,
+        "cluster_recovery_s": cluster_recovery,
+        "cut_host_share_per_bucket": shares,
+        "after_healing_per_s": sum(1 for t in finished if healed <= t < end) / (end - healed),
+        "inserted": feeder.inserted,
+        "statuses": counts,
+        "lost": lost,
+        **judged,
+    }
+    label = f"{len(hosts)} hosts, one cut {1.6 * lease:g} s (lease {lease:g} s)"
+    add = ctx.results.add
+    add(
+        Figure(
+            "multihost.partition.lost", NAME, f"jobs lost, {label}", "jobs", [lost], Target("<=", 0)
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.live_double",
+            NAME,
+            f"jobs run twice by a live worker, {label}",
+            "jobs",
+            [judged["run_twice_by_live_worker"]],
+            Target("<=", 0),
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.stale_accepted",
+            NAME,
+            f"stale completions accepted (fence), {label}",
+            "jobs",
+            [judged["stale_completions_accepted"]],
+            Target("<=", 0),
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.rerun",
+            NAME,
+            f"jobs run again after their worker lost the lease, {label}",
+            "jobs",
+            [judged["jobs_run_again"]],
+            note="at least once: allowed; their stale completions were discarded",
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.dip",
+            NAME,
+            f"throughput while partitioned / before, {label}",
+            RATIO,
+            [partitioned_rate / baseline if baseline else float("nan")],
+            note=f"before: {baseline:,.0f} jobs/s",
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.recovery",
+            NAME,
+            f"healed host back to {RECOVERED_SHARE:.0%} of its share, {label} (≤ 2 leases)",
+            "s",
+            [recovery],
+            Target("<=", 2 * lease),
+            note="its completions per 0.5 s against the other hosts' average",
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.cluster_recovery",
+            NAME,
+            f"all hosts' throughput back to {RECOVERED_SHARE:.0%} of before healing, {label}",
+            "s",
+            [cluster_recovery],
+            note="moves with the machine's own load when the cores are shared",
+        )
+    )
+    add(
+        Figure(
+            "multihost.partition.after",
+            NAME,
+            f"throughput after healing / before, {label}",
+            RATIO,
+            [data["after_healing_per_s"] / baseline if baseline else float("nan")],
+        )
+    )
+    ctx.done()
+    return data
+
+
+SCENARIO = Scenario(NAME, run, lambda repeat, s: 2 + len(HOSTS) * repeat)
