@@ -239,7 +239,7 @@ def plot(results: Results, path: Path) -> None:
     bare_values = results.raw.get("throughput", {}).get("bare_jobs_per_s")
     if bare_values:
         right.axhline(
-            median(bare_values), color="tab:green", linestyle="--", label="bare psycopg loop"
+            median(bare_values), color="tab:green", linestyle="--", label="strict floor (1 x 50)"
         )
     right.axhline(10_000, color="grey", linewidth=0.8, linestyle="--", label="target (10,000/s)")
     right.set_xscale("log")
