@@ -7,6 +7,7 @@ these tests run it from this checkout, with benchmarks/ on the path.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
@@ -83,12 +84,19 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
         "throughput.one_vs_bare",
         "throughput.two",
         "throughput.two_vs_one",
+        "throughput.bare_two",
+        "throughput.bare_single",
+        "throughput.single",
     ):
         figure = figures[key]
         assert {"values", "median", "min", "max", "target", "met", "unit", "label"} <= set(figure)
         assert len(figure["values"]) == 1  # --quick runs each figure once
         assert figure["median"] is not None and figure["median"] > 0
-    assert figures["latency.idle.p50"]["floor_median"] is not None  # the bare loop ran too
+    assert figures["latency.idle.p50"]["floor_median"] is not None  # the floor ran too
+    # Each shape's ratio is against the strict floor in the same shape, in the same run.
+    assert figures["throughput.two"]["floor"] == figures["throughput.bare_two"]["values"]
+    assert figures["throughput.single"]["floor"] == figures["throughput.bare_single"]["values"]
+    assert figures["throughput.one"]["floor"] == figures["throughput.bare"]["values"]
 
     scratch = results["meta"]["scratch_databases"]
     assert scratch and all(name.startswith("notifyq_bench_") for name in scratch)
@@ -303,3 +311,93 @@ async def _table_shape(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[
         "checks": sorted(c.removesuffix(" NOT VALID") for (c,) in checks),
         "options": sorted(options[0] or []),
     }
+
+
+def test_the_strict_floor_claims_and_completes_in_one_statement_each_job_once(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    # 120 jobs in one multi-row INSERT, one floor process with 50 slots: three claims (50, 50,
+    # 20), each batch completed by the statement that claims the next one, every job once.
+    bare = _bench_module("notifyq_bench.bare")
+    harness = _bench_module("notifyq_bench.harness")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(bare.SCHEMA.encode())
+        children = harness.Children(tmp_path)
+        try:
+            loop = children.start(
+                "bare",
+                [sys.executable, "-m", "notifyq_bench.bare", empty_db_url, "--batch", "50"],
+                _bench_env(),
+            )
+            loop.wait_for(r"\bready\b", timeout=30)
+            conn.execute(
+                "INSERT INTO bench.jobs (task, payload) "
+                "SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, 120) AS g"
+            )
+
+            def all_done() -> bool:
+                row = conn.execute(
+                    "SELECT count(*) FROM bench.jobs WHERE status = 'completed'"
+                ).fetchone()
+                return row == (120,)
+
+            harness.poll_until(all_done, 30.0, "the floor to complete 120 jobs")
+            loop.check_alive()
+        finally:
+            children.stop_all()
+        rows = conn.execute(
+            "SELECT attempt_count, started_at, finished_at, worker_id, result ? 't' FROM bench.jobs"
+        ).fetchall()
+    assert len(rows) == 120
+    assert {(attempts, has_stamp) for attempts, _, _, _, has_stamp in rows} == {(1, True)}
+    assert len({worker for *_, worker, _ in rows}) == 1
+    claims: dict[Any, int] = {}
+    for _, started, _, _, _ in rows:
+        claims[started] = claims.get(started, 0) + 1
+    assert sorted(claims.values()) == [20, 50, 50]
+    # One statement a round trip: a batch's completion carries the now() of the claim of the
+    # next batch (the last one's, of the claim that found the queue empty).
+    finishes = {finished for _, _, finished, _, _ in rows}
+    assert len(finishes) == 3
+    assert len(finishes & set(claims)) == 2
+    assert all(finished >= started for _, started, finished, _, _ in rows)
+
+
+def test_peers_that_are_not_installed_are_skipped_with_the_line_that_installs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = _bench_module("notifyq_bench.runner")
+    monkeypatch.setitem(sys.modules, "pgqueuer", None)
+    monkeypatch.setitem(sys.modules, "procrastinate", None)
+    peers, note = runner.peer_systems(True, ["latency", "throughput"])
+    assert peers == []
+    assert note == (
+        "peers not installed, skipped: pgqueuer, procrastinate; "
+        'install them with pip install -e "./benchmarks[peers]"'
+    )
+    assert runner.peer_systems(False, ["throughput"]) == ([], None)
+
+
+@pytest.mark.parametrize("name", ["pgqueuer", "procrastinate"])
+def test_an_installed_peer_drains_a_few_jobs_and_stamps_its_pickups(
+    name: str, empty_db_url: str, tmp_path: Path
+) -> None:
+    pytest.importorskip(name)
+    peers = _bench_module("notifyq_bench.peers")
+    harness = _bench_module("notifyq_bench.harness")
+    (peer,), missing = peers.load((name,))
+    assert missing == []
+    asyncio.run(peer.install(empty_db_url))
+    children = harness.Children(tmp_path)
+    try:
+        workers = peer.start_workers(children, empty_db_url, 1, 4)
+        drained = peer.drain(empty_db_url, 40, workers)
+        with psycopg.connect(empty_db_url, autocommit=True) as conn:
+            left = peer.pending(conn)
+        picked = peer.pickup(empty_db_url, 5, 50.0, workers)
+    finally:
+        children.stop_all()
+    assert drained["jobs"] == 40 and drained["jobs_per_s"] > 0
+    assert left == 0
+    # The stamps are the handlers' own (PgQueuer may still hold their acknowledgements).
+    assert 0 < picked["p50_ms"] <= picked["p99_ms"] < 5_000

@@ -1,17 +1,26 @@
-"""The floor: a bare psycopg queue loop with no notifyq code in it.
+"""The floor: a bare psycopg queue loop with no notifyq code in it, as strict as one can be.
 
-One process, one autocommit connection that also LISTENs. It claims a batch with one
-``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) UPDATE ... RETURNING`` statement,
-"runs" each job (records the wall-clock time, like the bench's stamp handler), and writes the
-batch's completions in one fenced UPDATE; when a claim comes back short it waits for a
-notification. It works on ``bench.jobs``, which :data:`SCHEMA` creates: a table that costs
-what ``notifyq.jobs`` costs to write, with the same columns, CHECK constraints, indexes and
-storage options (tests/test_bench.py compares the two, so a schema change in ``sql/`` must be
-followed here), and a bare statement-level notify trigger. Unlike notifyq's, its queue,
-priority and max_attempts have column defaults: there is no defaults trigger to fill them in.
+Two connections, both autocommit. The first only LISTENs, in a thread of its own, and sets a
+flag when a notification comes. The second does all the work, one statement a round trip:
+:data:`STEP` marks the previous batch done (a data-modifying CTE, fenced like notifyq's
+completion on the worker and the attempt) and, in the same statement, claims up to
+``min(free slots, batch)`` queued jobs with ``FOR UPDATE SKIP LOCKED``. The handlers are no-ops
+that record the wall-clock time, like the bench's stamp handler, and run before the next
+statement; so with ``--batch 50`` there are 50 slots, all free again when the next statement
+goes out, and a full queue drains at one statement per 50 jobs. When a statement claims nothing
+the loop waits for the flag (or ``poll`` seconds). The flag is cleared before each statement, so
+a notification that arrives while one runs is not missed. Jobs are enqueued by the bench with
+one multi-row INSERT.
+
+It works on ``bench.jobs``, which :data:`SCHEMA` creates: a table that costs what
+``notifyq.jobs`` costs to write, with the same columns, CHECK constraints, indexes and storage
+options (tests/test_bench.py compares the two, so a schema change in ``sql/`` must be followed
+here), and a bare statement-level notify trigger. Unlike notifyq's, its queue, priority and
+max_attempts have column defaults: there is no defaults trigger to fill them in.
 
 Run as ``python -m notifyq_bench.bare CONNINFO --batch N``; it prints ``ready`` on stderr once
-it listens, and runs until it is terminated.
+it listens, and runs until it is terminated. The bench starts one process per "process" of a
+figure (1x50, 2x50, 1x1: processes x slots).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -108,8 +118,16 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON bench.jobs
     REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION bench.notify_inserted();
 """
 
-CLAIM = """
-WITH picked AS (
+STEP = """
+WITH done AS (
+    UPDATE bench.jobs AS j
+    SET status = 'completed', result = d.result, finished_at = now(), lease_expires_at = NULL
+    FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
+         AS d(id, attempt, result)
+    WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker)s
+      AND j.attempt_count = d.attempt
+    RETURNING j.id
+), picked AS (
     SELECT id FROM bench.jobs
     WHERE status = 'queued' AND NOT group_blocked AND run_at <= now()
     ORDER BY priority DESC, run_at, id
@@ -124,44 +142,52 @@ WHERE j.id = picked.id
 RETURNING j.id, j.attempt_count, j.payload
 """
 
-COMPLETE = """
-UPDATE bench.jobs AS j
-SET status = 'completed', result = d.result, finished_at = now(), lease_expires_at = NULL
-FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[], %(results)s::jsonb[])
-     AS d(id, attempt, result)
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = %(worker)s
-  AND j.attempt_count = d.attempt
-"""
+
+def _listen(conninfo: str, wake: threading.Event, ready: threading.Event) -> None:
+    """The LISTEN connection: sets ``wake`` on every notification, and does nothing else."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"LISTEN {CHANNEL}")
+        ready.set()
+        for _ in conn.notifies():
+            wake.set()
 
 
 def run(conninfo: str, batch: int, poll: float = 1.0) -> None:
     """Claims and completes jobs of ``bench.jobs`` until the process is terminated."""
     worker = f"bare:{os.getpid()}"
+    wake, ready = threading.Event(), threading.Event()
+    listener = threading.Thread(target=_listen, args=(conninfo, wake, ready), daemon=True)
+    listener.start()
+    if not ready.wait(30):
+        raise RuntimeError("the LISTEN connection was not ready after 30s")
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f"LISTEN {CHANNEL}")
         print("bare loop ready", file=sys.stderr, flush=True)
+        ids: list[Any] = []
+        attempts: list[int] = []
+        results: list[str] = []
         while True:
+            wake.clear()
             rows: list[Any] = conn.execute(
-                CLAIM, {"limit": batch, "worker": worker}, prepare=True
+                STEP,
+                {
+                    "ids": ids,
+                    "attempts": attempts,
+                    "results": results,
+                    "worker": worker,
+                    # Every slot is free again: the batch just claimed ran before this statement.
+                    "limit": batch,
+                },
+                prepare=True,
             ).fetchall()
-            if rows:
-                started = json.dumps({"t": time.time()})
-                conn.execute(
-                    COMPLETE,
-                    {
-                        "ids": [row[0] for row in rows],
-                        "attempts": [row[1] for row in rows],
-                        "results": [started] * len(rows),
-                        "worker": worker,
-                    },
-                    prepare=True,
-                )
-                if len(rows) == batch:
-                    continue
-            # Notifications that came in during the claim wait in psycopg's backlog, so one
-            # that arrived after the claim started is not missed here.
-            for _ in conn.notifies(timeout=poll, stop_after=1):
-                pass
+            # "Run" the batch: each job's handler records when it started.
+            started = json.dumps({"t": time.time()})
+            ids = [row[0] for row in rows]
+            attempts = [row[1] for row in rows]
+            results = [started] * len(rows)
+            if not rows:
+                wake.wait(poll)
+            if not listener.is_alive():
+                raise RuntimeError("the LISTEN connection is gone")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("conninfo")
     parser.add_argument("--batch", type=int, default=50)
     args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         run(args.conninfo, args.batch)

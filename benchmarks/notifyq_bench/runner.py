@@ -30,6 +30,7 @@ from notifyq_bench.harness import (
     sigterm_as_interrupt,
     source_revision,
 )
+from notifyq_bench.peers import INSTALL_HINT, Peer, load, missing_line
 from notifyq_bench.report import Results, matplotlib_missing, plot, text_table
 from notifyq_bench.scenarios import SCENARIOS, Context, Sizes
 
@@ -43,9 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     names = ", ".join(SCENARIOS)
     parser = argparse.ArgumentParser(
         prog="notifyq bench",
-        description="Measures notifyq against its performance targets, with a bare psycopg loop "
-        "and a bare FastAPI endpoint as floors. Creates scratch databases on the server "
-        "and drops them at the end.",
+        description="Measures notifyq against its performance targets, with a strict bare "
+        "psycopg loop and a bare FastAPI endpoint as floors (and, with --peers, PgQueuer and "
+        "procrastinate next to them). Creates scratch databases on the server and drops them "
+        "at the end.",
     )
     parser.add_argument(
         "--scenario",
@@ -71,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--check", action="store_true", help=f"exit {EXIT_MISSED} when a target is missed"
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the installed peers (PgQueuer, procrastinate) in the throughput and "
+        f"latency scenarios, each on a scratch database of its own ({INSTALL_HINT})",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
@@ -157,7 +165,20 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--json", str(args.json)]
     if args.plot:
         out += ["--plot", str(args.plot)]
+    if args.peers:
+        out.append("--peers")
     return out
+
+
+def peer_systems(wanted: bool, scenarios: list[str]) -> tuple[list[Peer], str | None]:
+    """The peers that ``--peers`` runs (those installed), and a line about those skipped."""
+    if not wanted:
+        return [], None
+    peers, missing = load()
+    note = missing_line(missing) if missing else None
+    if not {"throughput", "latency"} & set(scenarios):
+        note = "--peers runs with the throughput and latency scenarios only; none of them ran"
+    return peers, note
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,6 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
     sizes = Sizes.of(args.quick)
     results = Results(meta=_meta(url, args, scenarios, repeat))
+    peers, peer_note = peer_systems(args.peers, scenarios)
+    if peer_note:
+        print(f"notifyq bench: {peer_note}", file=sys.stderr)
+        results.notes.append(peer_note)
+    results.meta["peers"] = [peer.label() for peer in peers]
     busy = _check_quiet(results, "before")
     total = sum(SCENARIOS[name].steps(repeat, sizes) for name in scenarios)
     progress = Progress(total, enabled=not args.quiet)
@@ -209,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=progress,
                 results=results,
                 workdir=Path(tmp),
+                peers=peers,
             )
             for name in scenarios:
                 progress.scenario = name

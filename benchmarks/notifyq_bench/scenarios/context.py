@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from notifyq_bench.harness import Child, Children, Progress, child_env, free_port, wait_http
+from notifyq_bench.peers.base import Peer
 from notifyq_bench.report import Results
 
 TASKS_MODULE = "notifyq_bench.tasks"
@@ -40,7 +41,10 @@ class Sizes:
     claim_reps: int
     levels: tuple[int, ...]
     level_jobs_per_slot: int
-    bare_batch: int
+    #: Jobs of a 1x1 drain (one slot: a job a round trip, so fewer than ``drain_jobs``).
+    single_jobs: int
+    #: Jobs of a peer's 1x50 and 2x50 drains (``--peers``): the peers are several times slower.
+    peer_jobs: int
     dependent_pairs: int
     waits: int
     group_keys: int
@@ -63,7 +67,8 @@ class Sizes:
                 claim_reps=100,
                 levels=(1, 50),
                 level_jobs_per_slot=40,
-                bare_batch=500,
+                single_jobs=200,
+                peer_jobs=1_000,
                 dependent_pairs=20,
                 waits=10,
                 group_keys=1_000,
@@ -83,7 +88,8 @@ class Sizes:
             claim_reps=500,
             levels=(1, 10, 50, 100),
             level_jobs_per_slot=200,
-            bare_batch=500,
+            single_jobs=2_000,
+            peer_jobs=5_000,
             dependent_pairs=100,
             waits=30,
             group_keys=10_000,
@@ -102,6 +108,9 @@ class Context:
     progress: Progress
     results: Results
     workdir: Path
+    #: The peer systems (:mod:`notifyq_bench.peers`) that ``--peers`` asked for and that are
+    #: installed; the throughput and latency scenarios run each of them too.
+    peers: list[Peer] = field(default_factory=list)
     _servers: dict[str, int] = field(default_factory=dict)
     servers: dict[str, Child] = field(default_factory=dict)
 
@@ -153,21 +162,20 @@ class Context:
             worker.wait_for(r"\bready\b")
         return workers
 
-    def start_bare_loop(self, batch: int | None = None) -> Child:
-        child = self.children.start(
-            "bare-loop",
-            [
-                sys.executable,
-                "-m",
-                "notifyq_bench.bare",
-                self.url,
-                "--batch",
-                str(batch or self.sizes.bare_batch),
-            ],
-            child_env(),
-        )
-        child.wait_for(r"\bready\b")
-        return child
+    def start_bare_loop(self, batch: int = WORKER_CONCURRENCY, count: int = 1) -> list[Child]:
+        """``count`` processes of the strict floor (:mod:`notifyq_bench.bare`) with ``batch``
+        slots each, returned once every one listens."""
+        loops = [
+            self.children.start(
+                f"bare-loop{index}-b{batch}",
+                [sys.executable, "-m", "notifyq_bench.bare", self.url, "--batch", str(batch)],
+                child_env(),
+            )
+            for index in range(count)
+        ]
+        for loop in loops:
+            loop.wait_for(r"\bready\b")
+        return loops
 
     def notifyq_api(self) -> int:
         """The port of ``notifyq serve --no-worker`` on the scratch database (one uvicorn
