@@ -9,6 +9,7 @@ the suite tests (tests/test_worker.py and friends).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Container, Iterable, Sequence
 from typing import Any
@@ -414,7 +415,7 @@ async def test_slots_a_completion_set_aside_and_did_not_fill_wake_a_waiting_prod
     assert claim is not None and claim.limit == 2 and ledger.free == 0
     ledger.starve()  # the producer found no slot and waits for one
     waiter = ledger.wake.waiter
-    made.hand_over(claim, [job()])
+    made.hand_over(claim, [job()], time.monotonic())
     assert ledger.free == 1
     assert waiter.is_set() and ledger.wake.reason is WakeReason.SLOT
 
@@ -503,3 +504,18 @@ async def test_a_claim_in_flight_keeps_its_slots_from_the_writers_claim() -> Non
                 ledger.end(entry)
     assert ("complete", [parent.job.id]) in store.calls
     assert not any(name == "complete_and_claim" for name, _ in store.calls)
+
+
+async def test_a_claim_whose_answer_came_after_half_a_lease_puts_its_jobs_back_unstarted() -> None:
+    # A partition held the answer back: another worker may have rescued these jobs and run
+    # them meanwhile, so this one must not start them too.
+    store = FakeStore()
+    ledger, made, given, _ = refilled(store, 2)
+    late = job()
+    made.hand_over(ClaimRequest(["noop"], None, 2, 30.0), [late], time.monotonic() - 16.0)
+    (entry,) = given.entries
+    assert entry.cancel_reason is CancelReason.STALE_CLAIM
+    assert not ledger.begin(entry, anyio.CancelScope())
+    fresh = job()
+    made.hand_over(ClaimRequest(["noop"], None, 1, 30.0), [fresh], time.monotonic() - 1.0)
+    assert given.entries[1].cancel_reason is None

@@ -52,6 +52,9 @@ class CancelReason(str, Enum):
     SHUTDOWN = "shutdown"
     #: Another worker took the job over (its lease ran out): nothing is written.
     LEASE_LOST = "lease_lost"
+    #: Its claim's answer came too late to start it (see notifyq.worker._producer.STALE_CLAIM):
+    #: back to the queue, attempt not counted, unless another worker took it meanwhile.
+    STALE_CLAIM = "stale_claim"
 
 
 class Fenced(Protocol):

@@ -21,7 +21,7 @@ import anyio
 from notifyq.errors import NotifyQError
 from notifyq.models import ClaimedJob, ClaimRequest
 from notifyq.tasks import Registry
-from notifyq.worker._ledger import Ledger, WakeReason
+from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
 from notifyq.worker._runners import Runners
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
@@ -31,6 +31,7 @@ __all__ = [
     "BREAKER_TICK",
     "LIMIT_TICK",
     "MAX_CLAIM_BATCH",
+    "STALE_CLAIM",
     "UNSURE_RECHECK",
     "IdleMark",
     "Producer",
@@ -46,6 +47,10 @@ BREAKER_TICK = 1.0
 #: While registered as waiting without the lock (an insert's transaction stayed open), claim
 #: again this often until a registration gets it.
 UNSURE_RECHECK = 0.25
+#: The share of a lease after which a claim's answer is too late to start its jobs: the heartbeat
+#: renews leases every quarter lease, so a job started later than this might be rescued (and run
+#: by another worker) before its first renewal.
+STALE_CLAIM = 0.5
 #: While some task or queue has a limit, claim this often: tokens refill and slots free up
 #: without notifications.
 LIMIT_TICK = 0.25
@@ -186,11 +191,13 @@ class Producer:
             # too (in its completion statement), and must not fill the same ones.
             limited: list[ClaimedJob] = []
             if self._limits_exist:
+                sent = time.monotonic()
                 with ledger.reserving(MAX_CLAIM_BATCH) as limit:
                     limited = await self._claim_limited(limit) if limit else []
-                self._start(limited)
+                self._start(limited, sent)
             claimed: list[ClaimedJob] | None = None
             failure: NotifyQError | None = None
+            sent = time.monotonic()
             with ledger.reserving(MAX_CLAIM_BATCH) as limit:
                 if limit == 0:
                     continue
@@ -212,7 +219,7 @@ class Producer:
                 with anyio.move_on_after(delay):
                     await wake.wait()
                 continue
-            self._claimed(claimed)
+            self._claimed(claimed, sent)
             if len(claimed) == limit:
                 continue
             if not claimed and not limited:
@@ -239,30 +246,48 @@ class Producer:
             return None
         return ClaimRequest(self._tasks, self._queues, limit, self._lease)
 
-    def hand_over(self, claim: ClaimRequest, jobs: list[ClaimedJob]) -> None:
-        """Starts the jobs the writer's claim brought; the slots they did not fill are free
-        again (and wake this producer if it waits for one)."""
+    def hand_over(self, claim: ClaimRequest, jobs: list[ClaimedJob], sent: float) -> None:
+        """Starts the jobs the writer's claim brought (sent at monotonic time ``sent``); the
+        slots they did not fill are free again (and wake this producer if it waits for one)."""
         self._ledger.unreserve(claim.limit)
         if jobs:
             self._stats.claims += 1
             self._telemetry.claimed(True, WakeReason.COMPLETION)
             self._signals.claimed.fire()
-            self._start(jobs)
+            self._start(jobs, sent)
         self._ledger.offer_free_slots()
 
-    def _claimed(self, jobs: list[ClaimedJob]) -> None:
+    def _claimed(self, jobs: list[ClaimedJob], sent: float) -> None:
         self._stats.claims += 1
         self._telemetry.claimed(bool(jobs), self._ledger.wake.reason)
         self._ledger.wake.reason = WakeReason.LOOP
         if jobs:
             self._signals.claimed.fire()
-        self._start(jobs)
+        self._start(jobs, sent)
 
-    def _start(self, jobs: list[ClaimedJob]) -> None:
+    def _start(self, jobs: list[ClaimedJob], sent: float) -> None:
+        """Gives claimed jobs to the runners. A claim whose answer came more than
+        STALE_CLAIM leases after it was ``sent`` (a network partition held it back) may have
+        lost its jobs to the rescue of another worker, which runs them now: they go back to the
+        queue without running (a fenced release, a no-op for those another worker took)."""
+        waited = time.monotonic() - sent
+        stale = bool(jobs) and waited > self._lease * STALE_CLAIM
+        if stale:
+            logger.warning(
+                "a claim's answer took %.1fs, over %.0f%% of the %.0fs lease: its %d job(s) go "
+                "back to the queue without running here",
+                waited,
+                STALE_CLAIM * 100,
+                self._lease,
+                len(jobs),
+            )
         for job in jobs:
             task = self._registry.get(job.task)
             assert task is not None, "claimed a task this worker does not serve"
-            self._runners.give(self._ledger.take(job, task))
+            entry = self._ledger.take(job, task)
+            if stale:
+                entry.cancel(CancelReason.STALE_CLAIM)
+            self._runners.give(entry)
         self._stats.claimed += len(jobs)
         self._telemetry.started(jobs)
 
@@ -301,6 +326,7 @@ class Producer:
                     if limit == 0:
                         break
                     logger.info("task %s: circuit breaker half-open, running one probe job", name)
+                    sent = time.monotonic()
                     claimed = await self._store.claim(
                         worker_id=self._worker_id,
                         tasks=[name],
@@ -309,7 +335,7 @@ class Producer:
                         lease=self._lease,
                         probe=True,
                     )
-                self._start(claimed)
+                self._start(claimed, sent)
         except NotifyQError as exc:
             logger.warning("circuit breaker probe failed: %s", exc)
 

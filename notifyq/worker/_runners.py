@@ -67,7 +67,7 @@ class Runners:
             if outcome is not None:
                 # Finished, even if a cancel came too late or the handler swallowed it.
                 self._writer.record(outcome)
-            elif reason is CancelReason.SHUTDOWN:
+            elif reason is CancelReason.SHUTDOWN or reason is CancelReason.STALE_CLAIM:
                 self._writer.release(entry.held)
             elif reason is CancelReason.REQUESTED:
                 self._writer.cancelled(entry.held)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 from uuid import UUID
@@ -57,8 +58,9 @@ class Refill(Protocol):
         """A claim for the slots free now (set aside until :meth:`hand_over`), or None."""
         ...
 
-    def hand_over(self, claim: ClaimRequest, jobs: list[ClaimedJob]) -> None:
-        """The jobs ``claim`` brought (maybe none): they start; the slots left are free."""
+    def hand_over(self, claim: ClaimRequest, jobs: list[ClaimedJob], sent: float) -> None:
+        """The jobs ``claim`` brought (maybe none), sent at monotonic time ``sent``: they start;
+        the slots left are free."""
         ...
 
 
@@ -208,6 +210,7 @@ class OutcomeWriter:
         if claim is None:
             return None
         jobs: list[ClaimedJob] = []
+        sent = time.monotonic()
         try:
             written, jobs = await self._store.complete_and_claim(self._worker_id, batch, claim)
         except DatabaseError as exc:
@@ -220,7 +223,7 @@ class OutcomeWriter:
                 self._released.extend(Held(job.id, job.claim) for job in jobs)
                 self._pending.set()
                 jobs = []
-            self.refill.hand_over(claim, jobs)
+            self.refill.hand_over(claim, jobs, sent)
         return written
 
     async def _write_snoozes(self) -> None:
