@@ -102,6 +102,16 @@ def template_db(server_url: str) -> Iterator[str]:
         )
 
 
+def _without_commit_waits(conn: psycopg.Connection[Any], name: str) -> None:
+    """A test's database commits without waiting for its WAL flush (synchronous_commit off,
+    for connections to it only): the suite makes thousands of commits, and what it checks never
+    depends on surviving a crash of the server, which keeps running (the tests that restart
+    one use a throwaway cluster of their own)."""
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET synchronous_commit = off").format(sql.Identifier(name))
+    )
+
+
 @pytest.fixture
 def db_url(server_url: str, template_db: str) -> Iterator[str]:
     """URL of a fresh, migrated database of this test's own."""
@@ -112,6 +122,7 @@ def db_url(server_url: str, template_db: str) -> Iterator[str]:
                 sql.Identifier(name), sql.Identifier(template_db)
             )
         )
+        _without_commit_waits(conn, name)
     yield url_with_dbname(server_url, name)
     with _admin(server_url) as conn:
         conn.execute(

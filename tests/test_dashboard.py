@@ -38,6 +38,9 @@ from notifyq.settings import Settings
 from notifyq.tasks import Registry
 from tests.helpers import ROOT, registry
 
+# A browser each: in the full run, not in the quick one (-m 'not slow').
+pytestmark = pytest.mark.slow
+
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip(

@@ -28,6 +28,9 @@ from tests.test_dashboard import (  # the shared fixtures and helpers
     stepper_tasks,
 )
 
+# A browser each: in the full run, not in the quick one (-m 'not slow').
+pytestmark = pytest.mark.slow
+
 __all__ = ["browser", "page"]  # fixtures: imported to be found here
 
 NARROW = {"width": 420, "height": 860}
