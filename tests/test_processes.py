@@ -44,8 +44,10 @@ def test_an_idle_worker_runs_a_psql_insert_well_under_a_second(db_url: str, tmp_
         elapsed = time.monotonic() - began
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0, worker.output()
-    # psql's own start-up is part of this figure; the worker's share is a few milliseconds.
-    assert elapsed < 1.0, f"took {elapsed:.3f}s"
+    # psql's own start-up is part of this figure; the worker's share is a few milliseconds. The
+    # bound is loose for a loaded CI machine (2.9 s was seen once there, with the whole suite
+    # running): a job found by the 30 s poll instead of the notification would fail it.
+    assert elapsed < 3.0, f"took {elapsed:.3f}s"
 
 
 def test_three_worker_processes_run_1500_jobs_each_exactly_once(

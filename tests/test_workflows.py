@@ -74,10 +74,12 @@ async def test_the_statement_that_completes_a_parent_claims_its_child_on_the_sam
     settings: Settings, conn: Any
 ) -> None:
     # The child's claim shares the transaction (so the now()) of its parent's completion: it was
-    # claimed by that statement, not by a later claim woken by a notification.
+    # claimed by that statement, not by a later claim woken by a notification. The parent runs
+    # long enough for the producer to be asleep when it ends (a claim of the producer's in
+    # flight would hold the free slots, and the completion would claim nothing).
     async with running_worker(settings) as worker:
         async with Queue(settings.database_url) as q:
-            parent = await q.enqueue("echo", {"n": 1})
+            parent = await q.enqueue("sleep", {"seconds": 0.3})
             kid = await q.enqueue("echo", {}, depends_on=[parent.job_id])
             await wait_for_status(conn, kid.job_id, "completed", timeout=5)
     cursor = await conn.execute(
