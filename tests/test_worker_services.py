@@ -267,15 +267,7 @@ async def test_a_job_cancelled_before_it_started_does_not_start() -> None:
 # -- the heartbeat ------------------------------------------------------------------------------
 
 
-async def test_the_heartbeat_confirms_started_jobs_and_stops_those_it_lost() -> None:
-    store = FakeStore()
-    ledger = Ledger(concurrency=3)
-    running, waiting, lost = (ledger.take(job(), TASK) for _ in range(3))
-    scopes = {}
-    for entry in (running, lost):
-        scopes[entry.job.id] = anyio.CancelScope()
-        ledger.begin(entry, scopes[entry.job.id])
-    store.keep = {running.job.id, waiting.job.id}
+def heartbeat_for(store: FakeStore, ledger: Ledger) -> tuple[Heartbeat, WorkerStats]:
     stats = WorkerStats()
     idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
     beat = Heartbeat(
@@ -288,6 +280,19 @@ async def test_the_heartbeat_confirms_started_jobs_and_stops_those_it_lost() -> 
         stats=stats,
         signals=Signals(),
     )
+    return beat, stats
+
+
+async def test_the_heartbeat_confirms_started_jobs_and_stops_those_it_lost() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=3)
+    running, waiting, lost = (ledger.take(job(), TASK) for _ in range(3))
+    scopes = {}
+    for entry in (running, lost):
+        scopes[entry.job.id] = anyio.CancelScope()
+        ledger.begin(entry, scopes[entry.job.id])
+    store.keep = {running.job.id, waiting.job.id}
+    beat, stats = heartbeat_for(store, ledger)
     await beat.beat()
     ((_, reported),) = [call for call in store.calls if call[0] == "beat"]
     assert dict(reported) == {running.job.id: True, waiting.job.id: False, lost.job.id: True}
@@ -304,18 +309,7 @@ async def test_a_lost_job_that_no_runner_began_yet_does_not_start() -> None:
     ledger = Ledger(concurrency=2)
     waiting = ledger.take(job(), TASK)
     store.keep = set()
-    stats = WorkerStats()
-    idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
-    beat = Heartbeat(
-        store,  # type: ignore[arg-type]
-        ledger,
-        idle,
-        worker_id="w",
-        interval=1,
-        lease=30,
-        stats=stats,
-        signals=Signals(),
-    )
+    beat, stats = heartbeat_for(store, ledger)
     await beat.beat()
     assert stats.lost == 1 and ledger.held() == []
     assert not ledger.begin(waiting, anyio.CancelScope())

@@ -55,7 +55,8 @@ def describe_server(conninfo: str) -> str:
     return f"tcp {host}:{port}"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another account's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -92,7 +93,7 @@ class Scratch:
             ).fetchall()
             for (name,) in rows:
                 match = re.match(rf"{SCRATCH_PREFIX}(\d+)", name)
-                if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+                if match and int(match.group(1)) != os.getpid() and not alive(int(match.group(1))):
                     conn.execute(
                         sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
                             sql.Identifier(name)

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from notifyq_bench.harness import BenchError
+from notifyq_bench.harness import BenchError, alive
 
 NS_PREFIX = "notifyq-bench-"
 BRIDGE_PREFIX = "nqb"
@@ -44,16 +44,6 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def drop_stale() -> list[str]:
     """Removes the namespaces and bridges of earlier runs whose process is gone."""
     dropped: list[str] = []
@@ -61,12 +51,12 @@ def drop_stale() -> list[str]:
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
         match = re.fullmatch(rf"{re.escape(NS_PREFIX)}(\d+)-h\d+", name)
-        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and not alive(int(match.group(1))):
             ip("netns", "delete", name, check=False)
             dropped.append(name)
     links = ip("-o", "link", "show", "type", "bridge", check=False).stdout
     for match in re.finditer(rf"^\d+: ({BRIDGE_PREFIX}(\d+))[:@]", links, re.MULTILINE):
-        if int(match.group(2)) != os.getpid() and not _alive(int(match.group(2))):
+        if int(match.group(2)) != os.getpid() and not alive(int(match.group(2))):
             ip("link", "delete", match.group(1), check=False)
             dropped.append(match.group(1))
     return dropped

@@ -3,11 +3,13 @@ drain of N no-op jobs and the pickup latency of stamp jobs, both timed from this
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import re
 import sys
 import time
 import uuid
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import psycopg
@@ -17,6 +19,25 @@ from notifyq_bench.stats import percentiles
 
 #: What a peer's stamp handler prints, one line a job: the job's key and ``time.time()``.
 STAMP_LINE = re.compile(r"^stamp (\S+) (\S+)$", re.MULTILINE)
+
+
+def worker_main(
+    prog: str,
+    work: Callable[[str, int], Coroutine[Any, Any, None]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """A peer driver's command line, ``worker CONNINFO --concurrency N``: runs ``work`` until
+    it is interrupted."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("command", choices=["worker"])
+    parser.add_argument("conninfo")
+    parser.add_argument("--concurrency", type=int, default=50)
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(work(args.conninfo, args.concurrency))
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 class Peer:

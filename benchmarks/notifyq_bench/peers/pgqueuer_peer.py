@@ -10,7 +10,6 @@ N``; it prints ``ready`` once it runs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.metadata
 import importlib.util
@@ -22,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from notifyq_bench.peers.base import Peer, paced
+from notifyq_bench.peers.base import Peer, paced, worker_main
 from notifyq_bench.tasks import NOOP, STAMP
 
 
@@ -128,16 +127,7 @@ async def work(url: str, concurrency: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m notifyq_bench.peers.pgqueuer_peer")
-    parser.add_argument("command", choices=["worker"])
-    parser.add_argument("conninfo")
-    parser.add_argument("--concurrency", type=int, default=50)
-    args = parser.parse_args(argv)
-    try:
-        asyncio.run(work(args.conninfo, args.concurrency))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return worker_main("python -m notifyq_bench.peers.pgqueuer_peer", work, argv)
 
 
 if __name__ == "__main__":
