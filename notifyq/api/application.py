@@ -88,7 +88,12 @@ def create_app(
             )
             app.state.store = store
             listener = _listener(settings)
-            background.start_soon(_keep_listening, listener)
+            if settings.run_worker:
+                # Like a worker with a listener of its own: live before its first claim, and
+                # a LISTEN that cannot work (a pooler between) stops the start with its reason.
+                await background.start(listener.run)
+            else:
+                background.start_soon(_keep_listening, listener)
             watcher = JobWatcher(
                 store, listener, fallback=settings.poll_interval, max_watches=settings.max_streams
             )
