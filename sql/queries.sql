@@ -87,9 +87,9 @@ SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempt
 FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
                       %(lease)s::float8, %(probe)s)
 
--- Seconds until the worker's next delayed job is due (see notifyq.next_due_v2).
+-- Seconds until the worker's next delayed job is due (see notifyq.next_due_v3).
 -- name: seconds_to_next_job
-SELECT notifyq.next_due_v2(%(tasks)b::text[], %(queues)b::text[]);
+SELECT notifyq.next_due_v3(%(tasks)b::text[], %(queues)b::text[]);
 
 -- Records successful attempts, one statement for a whole batch, fenced by the claim; the jobs
 -- that waited for them and the next members of their groups move on in the same transaction:
@@ -99,12 +99,12 @@ SELECT id FROM notifyq.complete_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::i
                                   %(results)b::jsonb[]) AS id
 
 -- Records successful attempts and claims up to %(take)s jobs for the same worker, in one
--- statement: see notifyq.complete_and_claim_v1 (sql/009). A row with a null task is a completion
+-- statement: see notifyq.complete_and_claim_v2 (sql/012). A row with a null task is a completion
 -- written; the others are the jobs claimed.
 -- name: complete_and_claim_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
        claims AS claim, created_at, run_at, dependencies, trace_context
-FROM notifyq.complete_and_claim_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+FROM notifyq.complete_and_claim_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                                    %(results)b::jsonb[], %(tasks)b::text[], %(queues)b::text[],
                                    %(take)s, %(lease)s::float8)
 

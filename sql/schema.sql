@@ -177,6 +177,7 @@ CREATE FUNCTION notifyq.advance_groups_v1(p_queues text[], p_group_keys text[]) 
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -212,6 +213,7 @@ $$;
 CREATE FUNCTION notifyq.announce_v1(p_ids uuid[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM notifyq.watched_jobs) THEN
@@ -240,6 +242,7 @@ CREATE FUNCTION notifyq.beat_v1(p_worker_id text, p_ids uuid[], p_claims integer
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -618,6 +621,7 @@ $$;
 CREATE FUNCTION notifyq.claim_limited_v4(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -818,6 +822,7 @@ CREATE FUNCTION notifyq.claim_v4(p_worker_id text, p_tasks text[], p_queues text
     SET enable_bitmapscan TO 'off'
     SET enable_seqscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -865,6 +870,62 @@ BEGIN
     IF p_take > 0 THEN
         RETURN QUERY
         SELECT * FROM notifyq.claim_v4(p_worker_id, p_tasks, p_queues, p_take, p_lease, false);
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION notifyq.complete_and_claim_v2(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[], p_tasks text[], p_queues text[], p_take integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_done record;
+    v_woken uuid[];
+    v_woken_queues text[];
+BEGIN
+    -- complete_v3 (sql/005), its completions answered as ids with every other column null.
+    WITH done AS (
+        UPDATE notifyq.jobs AS j
+        SET status = 'completed',
+            result = d.result,
+            finished_at = now(),
+            lease_expires_at = NULL
+        FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
+        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                                               d.claim)
+        RETURNING j.id, j.task, j.queue, j.group_key
+    ), closed AS (
+        UPDATE notifyq.tasks AS t
+        SET consecutive_failures = 0, breaker_open_until = NULL
+        WHERE t.name IN (SELECT done.task FROM done)
+          AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
+    )
+    SELECT array_agg(done.id) AS ids,
+           array_agg(done.queue) FILTER (WHERE done.group_key IS NOT NULL) AS queues,
+           array_agg(done.group_key) FILTER (WHERE done.group_key IS NOT NULL) AS group_keys
+    INTO v_done FROM done;
+    IF v_done.ids IS NOT NULL THEN
+        SELECT array_agg(s.id), array_agg(s.queue) INTO v_woken, v_woken_queues
+        FROM notifyq.settle_v2(v_done.ids, v_done.queues, v_done.group_keys) AS s;
+        RETURN QUERY
+        SELECT u, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+               NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb, NULL::jsonb
+        FROM unnest(v_done.ids) AS u;
+    END IF;
+    IF p_take > 0 THEN
+        RETURN QUERY
+        SELECT * FROM notifyq.claim_v4(p_worker_id, p_tasks, p_queues, p_take, p_lease, false);
+    END IF;
+    IF v_woken IS NOT NULL THEN
+        PERFORM notifyq.notify_queues_v1(array_agg(w.queue))
+        FROM unnest(v_woken, v_woken_queues) AS w(id, queue)
+        JOIN notifyq.jobs AS j ON j.id = w.id
+        WHERE j.status = 'queued';
     END IF;
 END;
 $$;
@@ -934,6 +995,7 @@ CREATE FUNCTION notifyq.complete_v3(p_worker_id text, p_ids uuid[], p_claims int
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_done record;
@@ -1385,6 +1447,7 @@ CREATE FUNCTION notifyq.fail_v3(p_worker_id text, p_ids uuid[], p_claims integer
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1631,6 +1694,20 @@ CREATE FUNCTION notifyq.next_due_v2(p_tasks text[], p_queues text[]) RETURNS dou
       AND (p_queues IS NULL OR j.queue = ANY(p_queues));
 $$;
 
+CREATE FUNCTION notifyq.next_due_v3(p_tasks text[], p_queues text[]) RETURNS double precision
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN (SELECT extract(epoch FROM min(j.run_at) - now())::float8
+            FROM notifyq.jobs AS j
+            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at > now()
+              AND j.task = ANY(p_tasks)
+              AND (p_queues IS NULL OR j.queue = ANY(p_queues)));
+END;
+$$;
+
 CREATE FUNCTION notifyq.notify_inserted_v1() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1676,6 +1753,7 @@ $$;
 CREATE FUNCTION notifyq.notify_queues_v1(p_queues text[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     IF cardinality(p_queues) IS NULL OR cardinality(p_queues) = 0 THEN
@@ -1934,6 +2012,7 @@ CREATE FUNCTION notifyq.release_v3(p_worker_id text, p_ids uuid[], p_claims inte
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_rows record;
@@ -2206,34 +2285,48 @@ $$;
 CREATE FUNCTION notifyq.settle_v1(p_ids uuid[], p_queues text[], p_group_keys text[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM notifyq.notify_queues_v1(array_agg(s.queue))
+    FROM notifyq.settle_v2(p_ids, p_queues, p_group_keys) AS s;
+END;
+$$;
+
+CREATE FUNCTION notifyq.settle_v2(p_ids uuid[], p_queues text[], p_group_keys text[]) RETURNS TABLE(id uuid, queue text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'on'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
+#variable_conflict use_column
 DECLARE
     v_ended uuid[] := p_ids;
-    -- The groups of the jobs that ended (pairs of queue and group_key; jobs without a group
-    -- are left out), as the caller's own UPDATE answered them.
     v_queues text[] := p_queues;
     v_keys text[] := p_group_keys;
-    v_woken text[] := ARRAY[]::text[];
     v_told uuid[] := ARRAY[]::uuid[];
+    v_ready uuid[];
+    v_claimable uuid[];
+    v_claimable_queues text[];
 BEGIN
     WHILE cardinality(v_ended) > 0 LOOP
         v_told := v_told || v_ended;
-        -- Groups: the next member becomes the head.
+        -- Groups: the next member becomes the head (claimable if it is queued).
         IF cardinality(v_keys) > 0 THEN
-            SELECT v_woken || coalesce(array_agg(a.queue) FILTER (WHERE a.queue IS NOT NULL),
-                                       '{}')
-            INTO v_woken
-            FROM notifyq.advance_groups_v1(v_queues, v_keys) AS a;
+            RETURN QUERY
+            SELECT a.id, a.queue FROM notifyq.advance_groups_v1(v_queues, v_keys) AS a
+            WHERE a.queue IS NOT NULL;
         END IF;
         EXIT WHEN NOT EXISTS (SELECT 1 FROM notifyq.jobs AS c
                               WHERE c.status = 'waiting' AND c.depends_on <> '{}'
                                 AND c.depends_on && v_ended);
+        -- The waiting dependents are locked first, in id order, then their parents are looked
+        -- at in statements of their own: see settle_v1 (sql/005).
         PERFORM 1 FROM notifyq.jobs AS c
         WHERE c.status = 'waiting' AND c.depends_on <> '{}' AND c.depends_on && v_ended
         ORDER BY c.id FOR NO KEY UPDATE;
-        -- Dependents with every job they need completed: queued.
+        -- Dependents with every job they need completed: queued (claimable unless a group
+        -- holds them back).
         WITH ready AS (
             UPDATE notifyq.jobs AS c SET status = 'queued'
             WHERE c.status = 'waiting' AND c.depends_on <> '{}' AND c.depends_on && v_ended
@@ -2241,10 +2334,13 @@ BEGIN
                               WHERE p.id = ANY(c.depends_on) AND p.status <> 'completed')
             RETURNING c.id, c.queue, c.group_blocked
         )
-        SELECT v_woken || coalesce(array_agg(r.queue) FILTER (WHERE NOT r.group_blocked), '{}'),
-               v_told || coalesce(array_agg(r.id), '{}')
-        INTO v_woken, v_told
+        SELECT coalesce(array_agg(r.id), '{}'),
+               coalesce(array_agg(r.id) FILTER (WHERE NOT r.group_blocked), '{}'),
+               coalesce(array_agg(r.queue) FILTER (WHERE NOT r.group_blocked), '{}')
+        INTO v_ready, v_claimable, v_claimable_queues
         FROM ready AS r;
+        v_told := v_told || v_ready;
+        RETURN QUERY SELECT u.id, u.queue FROM unnest(v_claimable, v_claimable_queues) AS u(id, queue);
         -- Dependents of a job that failed or was cancelled: cancelled, and they end in turn.
         WITH doomed AS (
             SELECT c.id,
@@ -2269,7 +2365,6 @@ BEGIN
         INTO v_ended, v_queues, v_keys
         FROM cancelled AS x;
     END LOOP;
-    PERFORM notifyq.notify_queues_v1(v_woken);
     PERFORM notifyq.announce_v1(v_told);
 END;
 $$;
@@ -2280,6 +2375,7 @@ CREATE FUNCTION notifyq.snooze_v1(p_worker_id text, p_ids uuid[], p_claims integ
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_rows record;
@@ -2349,6 +2445,7 @@ CREATE FUNCTION notifyq.start_jobs_v3(p_worker_id text, p_ids uuid[], p_lease do
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN

@@ -158,3 +158,48 @@ async def test_no_job_waits_for_a_poll_when_the_worker_goes_idle_mid_insert(
             delays.append(time.monotonic() - committed)
     # Polling would mean 30 s; the re-check of a registration that could not wait is 0.25 s.
     assert max(delays) < 1.0, delays
+
+
+async def test_a_completion_that_starts_its_dependents_wakes_no_one(db_url: str, conn: Any) -> None:
+    """The statement that completes a parent and claims: the dependents it claims itself wake
+    no other worker; those it leaves queued (a task it does not serve, no free slot) do."""
+    await somebody_waits(conn)
+
+    async def parent_and_child(child_task: str) -> tuple[Any, int]:
+        cursor = await conn.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo') RETURNING id")
+        parent = (await cursor.fetchone())[0]
+        await conn.execute(
+            "INSERT INTO notifyq.jobs (task, depends_on) VALUES (%s, ARRAY[%s]::uuid[])",
+            [child_task, parent],
+        )
+        cursor = await conn.execute(
+            "SELECT id, claims FROM notifyq.claim_v4('w', ARRAY['echo'], NULL, 1, 60, false)"
+        )
+        row = await cursor.fetchone()
+        assert row is not None and row[0] == parent
+        # The insert of a dependent wakes its parent's queue (see recheck_waiting_v1).
+        await notifications(listener, timeout=0.3)
+        return parent, row[1]
+
+    async def complete_and_claim(parent: Any, claim: int, take: int) -> list[str]:
+        cursor = await conn.execute(
+            "SELECT task FROM notifyq.complete_and_claim_v2('w', ARRAY[%s]::uuid[], "
+            "ARRAY[%s]::integer[], ARRAY['null'::jsonb], ARRAY['echo', 'double'], NULL, %s, 60)",
+            [parent, claim, take],
+        )
+        return [task for (task,) in await cursor.fetchall() if task is not None]
+
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute("LISTEN notifyq")
+        parent, claim = await parent_and_child("echo")
+        assert await complete_and_claim(parent, claim, 5) == ["echo"]
+        claimed_here = await notifications(listener, timeout=0.3)
+        parent, claim = await parent_and_child("unserved")
+        assert await complete_and_claim(parent, claim, 5) == []
+        unserved = await notifications(listener)
+        parent, claim = await parent_and_child("echo")
+        assert await complete_and_claim(parent, claim, 0) == []
+        no_slot = await notifications(listener)
+    assert claimed_here == []
+    assert unserved == ["default"]
+    assert no_slot == ["default"]

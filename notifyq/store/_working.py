@@ -103,7 +103,7 @@ class Working(Runner):
         self, worker_id: str, done: Sequence[Success], claim: ClaimRequest
     ) -> tuple[set[UUID], list[ClaimedJob]]:
         """Records successes and claims up to ``claim.limit`` due jobs for the same worker, in
-        one statement (see notifyq.complete_and_claim_v1); answers the ids written and the jobs
+        one statement (see notifyq.complete_and_claim_v2); answers the ids written and the jobs
         claimed. A batch larger than one write chunk is written as :meth:`complete` writes it,
         and claims nothing."""
         if claim.limit <= 0 or len(done) > WRITE_CHUNK:
