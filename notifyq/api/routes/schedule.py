@@ -181,7 +181,11 @@ def _tick_state(
         due = next(iter(CronSim(cron, now - TICK_GRACE, reverse=True)), None)
     except (CronSimError, ValueError) as exc:
         return "invalid", f"the stored expression {cron!r} does not parse: {exc}", None
-    if due is None or due < registered_at - START_CATCH_UP:
+    since = registered_at - START_CATCH_UP
+    if due is None or due < since:
+        # No tick was owed since the last registration; one may have come early anyway.
+        if last_tick is not None and last_tick >= since:
+            return "ok", "its ticks are enqueued", next_tick
         return "pending", "no tick has come due since a worker registered it", next_tick
     if last_tick is not None and last_tick >= due:
         return "ok", "its ticks are enqueued", next_tick
