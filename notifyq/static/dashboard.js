@@ -1328,7 +1328,7 @@
 
   // -- cron page (GET /periodic) -------------------------------------------------------------
 
-  const CRON_STATES = { ok: "ticking", pending: "waiting for a tick", missed: "no live worker", invalid: "invalid" };
+  const CRON_STATES = { ok: "ticking", pending: "first tick to come", missed: "no live worker", invalid: "invalid" };
 
   async function refreshCron() {
     const page = await api("GET", "periodic");
@@ -1350,7 +1350,7 @@
           if (open) open.addEventListener("click", () => openJob(last.job_id));
           lastCell = [
             h("span", { title: last.at, text: fmtAgo(last.at) }),
-            h("span", { class: "muted small", text: ` ${fmtTime(last.at)}` }),
+            h("div", { class: "muted small", text: fmtTime(last.at) }),
             h("div", {}, open, " ", last.job_status ? badge(last.job_status) : h("span", { class: "muted small", text: "job deleted" })),
           ];
         }
@@ -1367,7 +1367,7 @@
             { data: { col: "state" } },
             h("span", { class: `badge badge-${kind}`, text: CRON_STATES[t.state] || t.state }),
             t.queue_paused ? [" ", h("span", { class: "badge badge-paused", text: "queue paused" })] : null,
-            t.state !== "ok" ? h("div", { class: "why", text: t.reason }) : null,
+            t.state === "missed" || t.state === "invalid" ? h("div", { class: "why", text: t.reason }) : null,
             h("div", { class: "muted small", title: t.registered_at, text: `registered ${fmtAgo(t.registered_at)}` }),
           ),
         );

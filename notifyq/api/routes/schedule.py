@@ -191,8 +191,8 @@ def _tick_state(
         return "ok", "its ticks are enqueued", next_tick
     return (
         "missed",
-        f"the tick of {due.isoformat()} was not enqueued: no live worker has this task "
-        "registered (its workers stopped, or no longer import it)",
+        f"the tick of {due:%Y-%m-%d %H:%M} UTC was not enqueued: no live worker has this "
+        "task registered (its workers stopped, or no longer import it)",
         next_tick,
     )
 
