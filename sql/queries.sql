@@ -624,8 +624,9 @@ ORDER BY run_at, id
 LIMIT %(limit)s;
 
 -- A queued job due later becomes due now, and the workers of its queue are woken (they sleep
--- until the next run_at they know, which may be this job's old one). Answers its queue; no row:
--- it is not queued for later (unknown, due already, or not queued).
+-- until the next run_at they know, which may be this job's old one), and its watchers told.
+-- Answers its queue (the other two columns are there for their effect); no row: it is not
+-- queued for later (unknown, due already, or not queued).
 -- name: run_job_now
 WITH moved AS (
     UPDATE notifyq.jobs

@@ -330,6 +330,10 @@ def test_the_scheduled_page_lists_jobs_due_later_and_runs_or_cancels_them(
         retry.get_by_role("button", name=f"Open job {retried[:8]}").click()
         expect(page.locator("#detail .job-id")).to_have_text(retried)
         expect(page.locator("#detail-status")).to_have_attribute("data-value", "queued")
+        # Its page runs it now too: it fails again, and waits for its third attempt.
+        page.locator("#btn-run-now").click()
+        expect(retry.locator('[data-col="why"]')).to_have_text("retry after error 2")
+        expect(retry.locator('[data-col="attempt"]')).to_have_text("2/3")
         # Closed, so that its event stream does not hold the server's shutdown open.
         page.locator("#btn-close").click()
         expect(page.locator("#detail-empty")).to_be_visible()

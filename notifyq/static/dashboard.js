@@ -1545,6 +1545,7 @@
     $("detail-body").hidden = !open;
     $("btn-close").hidden = !open;
     $("btn-retry").hidden = !job || !(job.status === "failed" || job.status === "cancelled");
+    $("btn-run-now").hidden = !job || job.status !== "queued" || !(Date.parse(job.run_at) > Date.now() + state.sched.skew);
     $("btn-cancel").hidden = !job || FINAL.has(job.status);
     $("btn-delete").hidden = !job || !FINAL.has(job.status);
     const status = $("detail-status");
@@ -1717,12 +1718,13 @@
   async function jobAction(kind) {
     const id = state.selectedId;
     if (!id) return;
-    const button = kind === "retry" ? $("btn-retry") : $("btn-cancel");
+    const button = $(`btn-${kind}`);
     button.disabled = true;
     try {
       const job = await api("POST", `jobs/${segment(id)}/${kind}`);
       if (state.selectedId === id && job && job.job_id) showJob(job);
-      toast(kind === "retry" ? `Job ${shortId(id)} requeued.` : `Job ${shortId(id)}: cancel ${job && job.status === "processing" ? "requested" : "done"}.`);
+      const done = { retry: "requeued", "run-now": "is due now" }[kind];
+      toast(done ? `Job ${shortId(id)} ${done}.` : `Job ${shortId(id)}: cancel ${job && job.status === "processing" ? "requested" : "done"}.`);
       kickWorkflow(); // its other jobs may follow (cancelled dependents, a rerun branch)
       tick();
     } catch (err) {
@@ -2266,6 +2268,7 @@
     $("scheduled-more").addEventListener("click", loadMoreScheduled);
     $("load-more").addEventListener("click", loadMore);
     $("btn-retry").addEventListener("click", () => jobAction("retry"));
+    $("btn-run-now").addEventListener("click", () => jobAction("run-now"));
     $("btn-cancel").addEventListener("click", () => jobAction("cancel"));
     $("btn-close").addEventListener("click", closeJob);
     $("wf-back").addEventListener("click", closeWorkflow);
