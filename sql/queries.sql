@@ -601,3 +601,60 @@ ORDER BY w.worker_id;
 -- name: minute_stats
 SELECT minute, completed, failed, cancelled, partial
 FROM notifyq.minute_stats_v1(%(minutes)s, %(fill)s);
+
+-- The dashboard's Scheduled page: queued jobs due later (first runs, retries waiting out their
+-- backoff, snoozed jobs), soonest first, one page after the (run_at, id) cursor. Jobs held back
+-- by their group are left out (jobs_due_idx serves the rest; the Jobs page lists them). The last
+-- error's time and attempt come as text: the API tells retries from snoozes with them, and a
+-- stored value that is not a time must not fail the page.
+-- name: scheduled_jobs
+SELECT id, task, queue, priority, run_at, attempt_count, max_attempts, claims, created_at,
+       started_at, left(last_error, 500) AS last_error,
+       CASE WHEN jsonb_typeof(errors) = 'array' THEN errors -> -1 ->> 'at' END AS last_error_at,
+       CASE WHEN jsonb_typeof(errors) = 'array' THEN errors -> -1 ->> 'attempt' END
+           AS last_error_attempt,
+       now() AS now
+FROM notifyq.jobs
+WHERE status = 'queued' AND NOT group_blocked AND run_at > now()
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(after_run_at)s::timestamptz IS NULL
+       OR (run_at, id) > (%(after_run_at)s::timestamptz, %(after_id)s::uuid))
+ORDER BY run_at, id
+LIMIT %(limit)s;
+
+-- A queued job due later becomes due now, and the workers of its queue are woken (they sleep
+-- until the next run_at they know, which may be this job's old one), and its watchers told.
+-- Answers its queue (the other two columns are there for their effect); no row: it is not
+-- queued for later (unknown, due already, or not queued).
+-- name: run_job_now
+WITH moved AS (
+    UPDATE notifyq.jobs
+    SET run_at = now()
+    WHERE id = %(id)s AND status = 'queued' AND run_at > now()
+    RETURNING id, queue, group_blocked
+)
+SELECT m.queue,
+       CASE WHEN NOT m.group_blocked THEN notifyq.wake_v1(ARRAY[m.queue]) END AS woken,
+       notifyq.announce_v1(ARRAY[m.id]) IS NULL AS announced
+FROM moved AS m;
+
+-- The dashboard's Cron page: every task registered with a cron expression, its last tick (and
+-- the job that tick enqueued, with its status), and the switches of the queue its jobs go to.
+-- name: periodic_tasks
+SELECT t.name, t.options ->> 'cron' AS cron, t.updated_at AS registered_at,
+       coalesce(j.queue, t.options ->> 'queue', 'default') AS queue,
+       coalesce(q.paused, false) AS queue_paused,
+       l.tick AS last_tick, l.job_id AS last_job_id, j.status AS last_job_status,
+       j.finished_at AS last_job_finished_at,
+       now() AS now
+FROM notifyq.tasks AS t
+LEFT JOIN LATERAL (
+    SELECT p.tick, p.job_id FROM notifyq.periodic_ticks AS p
+    WHERE p.name = t.name ORDER BY p.tick DESC LIMIT 1
+) AS l ON true
+LEFT JOIN notifyq.jobs AS j ON j.id = l.job_id
+LEFT JOIN notifyq.queues AS q ON q.name = coalesce(j.queue, t.options ->> 'queue', 'default')
+WHERE jsonb_typeof(t.options -> 'cron') = 'string'
+ORDER BY t.name
+LIMIT %(limit)s;

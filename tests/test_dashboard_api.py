@@ -1,5 +1,6 @@
 """The routes the dashboard's pages read: the payload search of GET /jobs, POST /jobs/bulk,
-GET /queues/states and GET /workers; bounded, and bad input answered 4xx."""
+GET /queues/states, GET /workers, GET /scheduled (with POST /jobs/{id}/run-now) and
+GET /periodic; bounded, and bad input answered 4xx."""
 
 from __future__ import annotations
 
@@ -7,16 +8,29 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import timezone
 from typing import Any
+from uuid import UUID
 
 import anyio
 import httpx
 import pytest
 from pydantic import SecretStr
 
+from notifyq import Snooze
 from notifyq.api import create_app
 from notifyq.api.routes import jobs as jobs_routes
+from notifyq.api.routes.schedule import describe_cron
+from notifyq.builtins import worker_registry
+from notifyq.retry import Backoff
 from notifyq.settings import Settings
-from tests.helpers import insert_in_state, registry, running_worker, wait_for_status, wait_until
+from notifyq.tasks import Registry, make_task
+from tests.helpers import (
+    insert_in_state,
+    job_row,
+    registry,
+    running_worker,
+    wait_for_status,
+    wait_until,
+)
 
 
 @contextlib.asynccontextmanager
@@ -304,6 +318,8 @@ async def test_the_new_routes_need_the_token_when_one_is_set(settings: Settings)
             ("GET", "/workers", None),
             ("POST", "/jobs/bulk", {"action": "retry", "dry_run": True}),
             ("GET", "/jobs?payload=%7B%7D", None),
+            ("GET", "/scheduled", None),
+            ("GET", "/periodic", None),
         ):
             answer = await client.request(method, path, json=body)
             client_error(answer, 401)
@@ -360,3 +376,198 @@ async def test_minute_stats_count_each_minute_once_and_keep_it(
     assert at(third, old)["completed"] == 0  # counted by the third read, after the delete
     for answer in bad:
         client_error(answer, 422)
+
+
+async def test_scheduled_lists_jobs_due_later_soonest_first_and_says_why_each_waits(
+    settings: Settings, conn: Any
+) -> None:
+    """A first run set for later, a retry waiting out its backoff (after a real failed
+    attempt) and a snoozed job; due, running and finished jobs are not listed."""
+
+    async def flaky(payload: dict[str, Any]) -> None:
+        raise RuntimeError("upstream said no")
+
+    async def sleepy(payload: dict[str, Any]) -> None:
+        raise Snooze(900)
+
+    tasks = Registry(
+        [
+            make_task(flaky, "flaky", max_attempts=5, backoff=Backoff(base=1200, cap=1200)),
+            make_task(sleepy, "sleepy"),
+        ]
+    )
+    async with running_worker(settings, worker_registry(tasks)), api(settings) as client:
+        later = await enqueue(client, task="echo", queue="mail", payload={}, delay=300)
+        retried = await enqueue(client, task="flaky", payload={})
+        snoozed = await enqueue(client, task="sleepy", payload={})
+        await enqueue(client, task="echo", payload={"due": "now"})
+
+        async def settled() -> bool:
+            rows = [await job_row(conn, job_id) for job_id in (retried, snoozed)]
+            return all(r and r["status"] == "queued" and r["claims"] == 1 for r in rows)
+
+        await wait_until(settled)
+        page = (await client.get("/scheduled")).json()
+        by_task = (await client.get("/scheduled", params={"task": "flaky"})).json()
+        by_queue = (await client.get("/scheduled", params={"queue": "mail"})).json()
+    jobs = {job["job_id"]: job for job in page["jobs"]}
+    assert [job["job_id"] for job in page["jobs"]] == [later, snoozed, retried]  # soonest first
+    assert jobs[later]["reason"] == "first_run" and jobs[later]["queue"] == "mail"
+    assert jobs[retried]["reason"] == "retry" and jobs[retried]["failed_attempt"] == 1
+    assert "upstream said no" in jobs[retried]["last_error"]
+    assert jobs[snoozed]["reason"] == "snoozed" and jobs[snoozed]["attempt_count"] == 0
+    assert page["next_cursor"] is None and page["now"]
+    assert [job["job_id"] for job in by_task["jobs"]] == [retried]
+    assert [job["job_id"] for job in by_queue["jobs"]] == [later]
+
+
+async def test_scheduled_pages_follow_the_cursor_and_bad_input_is_a_422(
+    settings: Settings,
+) -> None:
+    async with api(settings) as client:
+        ids = [await enqueue(client, payload={"n": n}, delay=100 + n) for n in range(5)]
+        found: list[str] = []
+        cursor = None
+        for _ in range(5):
+            params: dict[str, Any] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+            page = (await client.get("/scheduled", params=params)).json()
+            assert len(page["jobs"]) <= 2
+            found += [job["job_id"] for job in page["jobs"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        bad = [
+            await client.get("/scheduled", params=params)
+            for params in (
+                {"limit": 0},
+                {"limit": 501},
+                {"cursor": "not-a-cursor"},
+                {"cursor": "bm9wZQ"},
+                {"queue": "q" * 201},
+                {"task": "a\u0000b"},
+            )
+        ]
+    assert found == ids
+    for answer in bad:
+        assert 400 <= answer.status_code < 500, answer.text
+        assert "detail" in answer.json()
+
+
+async def test_run_now_makes_a_job_due_later_due_and_a_worker_runs_it_at_once(
+    settings: Settings, conn: Any
+) -> None:
+    # A long poll: only the wake-up of run-now gets the job started within the wait.
+    slow_poll = settings.model_copy(update={"poll_interval": 60.0})
+    async with running_worker(slow_poll), api(settings) as client:
+        job_id = await enqueue(client, task="echo", payload={"n": 1}, delay=3600)
+
+        async def listening() -> bool:
+            return any(row["listening"] for row in (await client.get("/workers")).json())
+
+        await wait_until(listening)  # idle, asleep until the poll or a wake-up
+        answer = await client.post(f"/jobs/{job_id}/run-now")
+        assert answer.status_code == 200, answer.text
+        await wait_for_status(conn, job_id, "completed", timeout=10)
+        again = await client.post(f"/jobs/{job_id}/run-now")
+        missing = await client.post(f"/jobs/{UUID(int=1)}/run-now")
+        malformed = await client.post("/jobs/not-a-uuid/run-now")
+        due = await enqueue(client, task="nobody_runs_this", payload={})
+        due_now = await client.post(f"/jobs/{due}/run-now")
+    client_error(again, 409)
+    assert "completed" in again.json()["detail"]
+    client_error(missing, 404)
+    client_error(malformed, 422)
+    client_error(due_now, 409)
+    assert "due already" in due_now.json()["detail"]
+
+
+async def test_run_now_needs_the_token_and_refuses_another_site(settings: Settings) -> None:
+    async with api(settings, api_token=SecretStr("s3cret")) as client:
+        job_id = await enqueue_with(client, {"authorization": "Bearer s3cret"})
+        client_error(await client.post(f"/jobs/{job_id}/run-now"), 401)
+    async with api(settings) as client:
+        job_id = await enqueue(client, payload={}, delay=600)
+        foreign = await client.post(
+            f"/jobs/{job_id}/run-now", headers={"origin": "https://evil.example"}
+        )
+        assert foreign.status_code == 403, foreign.text
+        row = (await client.get(f"/jobs/{job_id}")).json()
+    assert row["status"] == "queued"
+
+
+async def enqueue_with(client: httpx.AsyncClient, headers: dict[str, str]) -> str:
+    answer = await client.post("/jobs", json={"payload": {}, "delay": 600}, headers=headers)
+    assert answer.status_code == 201, answer.text
+    job_id: str = answer.json()["job_id"]
+    return job_id
+
+
+async def test_periodic_shows_each_cron_task_its_last_tick_and_job_and_the_next(
+    settings: Settings, conn: Any
+) -> None:
+    async def every_minute(payload: dict[str, Any]) -> None: ...
+
+    tasks = worker_registry(Registry([make_task(every_minute, cron="* * * * *")]))
+    async with running_worker(settings, tasks), api(settings) as client:
+
+        async def ticked() -> Any:
+            rows = (await client.get("/periodic")).json()["tasks"]
+            row = next(r for r in rows if r["name"] == "every_minute")
+            return row if row["last_tick"] and row["last_tick"]["job_status"] else None
+
+        row = await wait_until(ticked)
+        await wait_for_status(conn, row["last_tick"]["job_id"], "completed")
+        row = await wait_until(ticked)
+    assert row["cron"] == "* * * * *" and row["description"] == "every minute"
+    assert row["state"] == "ok", row
+    assert row["queue"] == "default" and row["queue_paused"] is False
+    assert row["next_tick"] > row["last_tick"]["at"]
+    # Only the periodic task: the built-ins have no schedule.
+    assert [r["name"] for r in (await tasks_listed(settings))] == ["every_minute"]
+
+
+async def tasks_listed(settings: Settings) -> list[dict[str, Any]]:
+    async with api(settings) as client:
+        rows: list[dict[str, Any]] = (await client.get("/periodic")).json()["tasks"]
+    return rows
+
+
+async def test_periodic_says_when_no_live_worker_enqueues_a_task_any_more(
+    settings: Settings, conn: Any
+) -> None:
+    """A worker registered the task an hour ago and stopped: the ticks since are missing."""
+    await conn.execute(
+        "INSERT INTO notifyq.tasks (name, options, updated_at) VALUES"
+        ' (\'nightly\', \'{"cron": "30 2 * * *", "queue": "reports"}\','
+        "  now() - interval '3 days'),"
+        " ('fresh', '{\"cron\": \"0 0 1 1 *\"}', now()),"
+        " ('broken', '{\"cron\": \"not a cron\"}', now())"
+    )
+    await conn.execute("INSERT INTO notifyq.queues (name, paused) VALUES ('reports', true)")
+    async with api(settings) as client:
+        answer = await client.get("/periodic")
+    assert answer.status_code == 200, answer.text
+    rows = {row["name"]: row for row in answer.json()["tasks"]}
+    assert rows["nightly"]["state"] == "missed"
+    assert "no live worker" in rows["nightly"]["reason"]
+    assert rows["nightly"]["last_tick"] is None and rows["nightly"]["queue_paused"] is True
+    assert rows["nightly"]["description"] == "every day at 02:30 UTC"
+    assert rows["fresh"]["state"] == "pending"
+    assert rows["broken"]["state"] == "invalid" and rows["broken"]["next_tick"] is None
+
+
+@pytest.mark.parametrize(
+    ("cron", "words"),
+    [
+        ("*/15 * * * *", "every 15 minutes"),
+        ("5 * * * *", "every hour at :05"),
+        ("0 */6 * * *", "every 6 hours at :00"),
+        ("0 9 * * 1-5", "every weekday (Monday to Friday) at 09:00 UTC"),
+        ("0 9 * * 1", "every Monday at 09:00 UTC"),
+        ("0 0 1 * *", "on day 1 of every month at 00:00 UTC"),
+        ("0 0 1 1 *", None),
+        ("@daily", "every day at 00:00 UTC"),
+    ],
+)
+def test_common_cron_expressions_are_told_in_words(cron: str, words: str | None) -> None:
+    assert describe_cron(cron) == words

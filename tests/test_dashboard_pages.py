@@ -1,4 +1,5 @@
-"""The dashboard's search, job page, bulk actions, queue states, workers page and narrow layout,
+"""The dashboard's search, job page, bulk actions, queue states, workers, scheduled and cron pages
+and narrow layout,
 end to end: the real app and its in-process worker, driven by Playwright in Debian's headless
 Chromium (as tests/test_dashboard.py, whose serving and browser fixtures these share)."""
 
@@ -14,7 +15,10 @@ import httpx
 import psycopg
 import pytest
 
+from notifyq.builtins import worker_registry
+from notifyq.retry import Backoff
 from notifyq.settings import Settings
+from notifyq.tasks import Registry, make_task
 from tests.test_dashboard import (  # the shared fixtures and helpers
     browser,
     dashboard_app,
@@ -249,18 +253,147 @@ def test_queue_states_say_why_and_the_workers_page_shows_what_each_runs(
             commands.put(None)
 
 
-@pytest.mark.parametrize("view", ["jobs", "workers"])
+def later_tasks() -> Registry:
+    """The built-ins plus ``flaky_later``, which always fails and waits 20 minutes to retry."""
+
+    def flaky_later(payload: dict[str, Any]) -> None:
+        raise RuntimeError("the upstream is down")
+
+    backoff = Backoff(base=1200, cap=1200)
+    return worker_registry(Registry([make_task(flaky_later, max_attempts=3, backoff=backoff)]))
+
+
+def cron_tasks() -> Registry:
+    """The built-ins plus ``every_minute``, a periodic task."""
+
+    def every_minute(payload: dict[str, Any]) -> None: ...
+
+    return worker_registry(Registry([make_task(every_minute, cron="* * * * *")]))
+
+
+def scheduled_row(page: Any, job_id: str) -> Any:
+    return page.locator(f'#scheduled-body tr[data-job-id="{job_id}"]')
+
+
+def test_the_scheduled_page_lists_jobs_due_later_and_runs_or_cancels_them(
+    settings: Settings, page: Any, monkeypatch: Any
+) -> None:
+    app = dashboard_app(settings, monkeypatch, later_tasks())
+    with serve(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        mail, report, retried = post_batch(
+            client,
+            [
+                {"task": "echo", "queue": "mail", "payload": {"to": "a"}, "delay": 600},
+                {"task": "echo", "queue": "reports", "payload": {"r": 1}, "delay": 1800},
+                {"task": "flaky_later", "payload": {}},
+            ],
+        )
+        expect_queued_later(client, retried)
+        page.goto(f"{base}/dashboard")
+        page.get_by_role("button", name="Scheduled").click()
+        expect(page).to_have_url(re.compile("view=scheduled"))
+        rows = page.locator("#scheduled-body tr")
+        expect(rows).to_have_count(3)
+        expect(rows.first).to_have_attribute("data-job-id", mail)  # soonest first
+        first = scheduled_row(page, mail)
+        expect(first.locator('[data-col="due"]')).to_contain_text(re.compile(r"in (9|10) min"))
+        expect(first.locator('[data-col="why"]')).to_have_text("first run")
+        retry = scheduled_row(page, retried)
+        expect(retry.locator('[data-col="why"]')).to_have_text("retry after error 1")
+        expect(retry.locator('[data-col="attempt"]')).to_have_text("1/3")
+
+        # Filters, kept in the address.
+        queue = page.get_by_label("Queue of scheduled jobs")
+        queue.fill("reports")
+        queue.press("Enter")
+        expect(rows).to_have_count(1)
+        expect(page).to_have_url(re.compile("squeue=reports"))
+        page.reload()
+        expect(queue).to_have_value("reports")
+        expect(rows).to_have_count(1)
+        page.locator("#s-clear").click()
+        expect(rows).to_have_count(3)
+
+        # Run now: due at once, and the worker runs it.
+        page.get_by_role("button", name=f"Run job {mail[:8]} now").click()
+        expect(page.locator("#toast")).to_contain_text(f"Job {mail[:8]} is due now.")
+        expect(first).to_have_count(0)
+        expect_status(client, mail, "completed")
+        # Cancel asks first.
+        page.get_by_role("button", name=f"Cancel job {report[:8]}").click()
+        dialog = page.locator("#confirm")
+        expect(dialog).to_contain_text(f"Cancel job {report[:8]}?")
+        dialog.get_by_role("button", name="Cancel job").click()
+        expect(scheduled_row(page, report)).to_have_count(0)
+        assert client.get(f"/jobs/{report}").json()["status"] == "cancelled"
+        # A job's page opens from its row.
+        retry.get_by_role("button", name=f"Open job {retried[:8]}").click()
+        expect(page.locator("#detail .job-id")).to_have_text(retried)
+        expect(page.locator("#detail-status")).to_have_attribute("data-value", "queued")
+        # Its page runs it now too: it fails again, and waits for its third attempt.
+        page.locator("#btn-run-now").click()
+        expect(retry.locator('[data-col="why"]')).to_have_text("retry after error 2")
+        expect(retry.locator('[data-col="attempt"]')).to_have_text("2/3")
+        # Closed, so that its event stream does not hold the server's shutdown open.
+        page.locator("#btn-close").click()
+        expect(page.locator("#detail-empty")).to_be_visible()
+
+
+def expect_queued_later(client: httpx.Client, job_id: str) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        job = client.get(f"/jobs/{job_id}").json()
+        if job["status"] == "queued" and job["attempt_count"] == 1:
+            return
+        assert time.monotonic() < deadline, f"job {job_id} did not go back to wait: {job}"
+        time.sleep(0.05)
+
+
+def test_the_cron_page_shows_each_periodic_task_and_one_no_worker_runs(
+    settings: Settings, page: Any, monkeypatch: Any
+) -> None:
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        # Registered by a worker three days ago, which has since stopped.
+        conn.execute(
+            "INSERT INTO notifyq.tasks (name, options, updated_at) VALUES"
+            " ('nightly_report', '{\"cron\": \"30 2 * * *\"}', now() - interval '3 days')"
+        )
+    app = dashboard_app(settings, monkeypatch, cron_tasks())
+    with serve(app) as base:
+        page.goto(f"{base}/dashboard#view=cron")
+        rows = page.locator("#cron-body tr")
+        expect(rows).to_have_count(2)
+        ticking = page.locator('#cron-body tr[data-task="every_minute"]')
+        expect(ticking).to_have_attribute("data-state", "ok")
+        expect(ticking.locator('[data-col="schedule"]')).to_contain_text("every minute")
+        expect(ticking.locator('[data-col="next"]')).to_contain_text(re.compile(r"in \d"))
+        stale = page.locator('#cron-body tr[data-task="nightly_report"]')
+        expect(stale).to_have_attribute("data-state", "missed")
+        expect(stale.locator('[data-col="state"]')).to_contain_text("no live worker")
+        expect(stale.locator('[data-col="schedule"]')).to_contain_text("every day at 02:30 UTC")
+        expect(page.locator("#cron-note")).to_contain_text("1 without a live worker")
+        # The last tick's job opens its page.
+        link = ticking.get_by_role("button", name=re.compile("Open job .* of every_minute"))
+        link.click()
+        expect(page.locator("#detail .job-id")).to_have_text(re.compile(r"^[0-9a-f-]{36}$"))
+        expect(page.locator("#detail-status")).to_have_attribute("data-value", "completed")
+        page.reload()
+        expect(page.locator("#cron")).to_be_visible()
+
+
+@pytest.mark.parametrize("view", ["jobs", "workers", "scheduled", "cron"])
 def test_the_layout_fits_420_pixels(
     settings: Settings, page: Any, monkeypatch: Any, view: str
 ) -> None:
     page.set_viewport_size(NARROW)
-    app = dashboard_app(settings, monkeypatch)
+    app = dashboard_app(settings, monkeypatch, cron_tasks() if view == "cron" else None)
     with serve(app) as base, httpx.Client(base_url=base, timeout=10) as client:
         long_name = "a-queue-with-a-rather-long-name-for-a-phone"
         jobs = [
             {"task": "fail", "queue": long_name, "payload": {"m": "x" * 300}, "max_attempts": 1},
             {"task": "nobody_runs_this", "queue": "orphans", "payload": {"k": "v" * 200}},
             *({"task": "echo", "payload": {"n": n}} for n in range(5)),
+            {"task": "echo", "queue": long_name, "payload": {"later": True}, "delay": 600},
         ]
         ids = post_batch(client, jobs)
         page.goto(f"{base}/dashboard#view={view}")
@@ -268,8 +401,12 @@ def test_the_layout_fits_420_pixels(
         expect(queue_cell(page, "orphans", "state")).to_have_attribute("data-why", "unregistered")
         if view == "workers":
             expect(page.locator("#workers-body tr")).to_have_count(1)
+        elif view == "scheduled":
+            expect(page.locator("#scheduled-body tr")).to_have_count(1)
+        elif view == "cron":
+            expect(page.locator("#cron-body tr")).to_have_count(1)
         else:
-            expect(job_rows(page)).to_have_count(7)
+            expect(job_rows(page)).to_have_count(8)
             # One column: opening a job goes down to its page.
             listed_job(page, ids[2]).get_by_role("button").click()
             expect(page.locator("#detail .job-id")).to_have_text(ids[2])

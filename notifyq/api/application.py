@@ -22,7 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from notifyq._version import __version__
 from notifyq.api import errors, fast, middleware
 from notifyq.api.deps import documented_guard
-from notifyq.api.routes import events, jobs, ops, queues, workflows
+from notifyq.api.routes import events, jobs, ops, queues, schedule, workflows
 from notifyq.api.schemas import ErrorOut
 from notifyq.bootstrap import require_database
 from notifyq.db import connect_kwargs, listen_url, open_pool
@@ -150,6 +150,7 @@ def create_app(
     app.include_router(jobs.router, dependencies=guard)
     app.include_router(workflows.router, dependencies=guard)
     app.include_router(queues.router, dependencies=guard)
+    app.include_router(schedule.router, dependencies=guard)
     app.include_router(ops.router, dependencies=guard)
     app.include_router(ops.open_router)
     ops.add_dashboard(app)

@@ -576,3 +576,76 @@ class MinutesOut(BaseModel):
     """Jobs ended per minute, oldest first, the minute under way last."""
 
     minutes: list[MinuteOut]
+
+
+#: Why a scheduled job waits: its first run is set for later, a failed attempt waits out its
+#: backoff, or its task snoozed it (``raise notifyq.Snooze(seconds)``).
+WaitReason = Literal["first_run", "retry", "snoozed"]
+
+
+class ScheduledJobOut(BaseModel):
+    """A queued job due later, and why it waits."""
+
+    job_id: UUID
+    task: str
+    queue: str
+    priority: int
+    run_at: datetime = Field(description="When it becomes due.")
+    attempt_count: int
+    max_attempts: int
+    created_at: datetime
+    reason: WaitReason = Field(
+        description="first_run: never started (or retried by hand since); retry: its last "
+        "attempt failed and it waits out the backoff; snoozed: its task snoozed it."
+    )
+    failed_attempt: int | None = Field(
+        description="With reason retry: the number of the attempt that failed."
+    )
+    last_error: str | None = Field(description="The last error, cut at 500 characters.")
+
+
+class ScheduledPage(BaseModel):
+    """One page of jobs due later, soonest first."""
+
+    jobs: list[ScheduledJobOut]
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null on the last page."
+    )
+    now: datetime = Field(description="The database's clock, which run_at is compared with.")
+
+
+class TickOut(BaseModel):
+    """One tick of a periodic task that a worker enqueued."""
+
+    at: datetime = Field(description="The tick's time.")
+    job_id: UUID | None = Field(description="The job it enqueued.")
+    job_status: str | None = Field(description="That job's status; null: the job is gone.")
+    job_finished_at: datetime | None
+
+
+#: ok: its ticks are enqueued; pending: no tick was due since a worker registered it; missed: a
+#: tick due since then was not enqueued, so no live worker has it registered; invalid: the stored
+#: expression does not parse.
+PeriodicState = Literal["ok", "pending", "missed", "invalid"]
+
+
+class PeriodicOut(BaseModel):
+    """A periodic (cron) task that workers registered, its ticks, and whether they happen."""
+
+    name: str
+    cron: str = Field(description="Five fields, read in UTC.")
+    description: str | None = Field(description="The schedule in words, for common forms.")
+    queue: str = Field(description="The queue its jobs go to.")
+    queue_paused: bool = Field(description="That queue is paused: ticks' jobs wait there.")
+    registered_at: datetime = Field(description="When a worker last registered it (at start).")
+    last_tick: TickOut | None
+    next_tick: datetime | None = Field(description="The next tick after now (UTC).")
+    state: PeriodicState
+    reason: str = Field(description="The state in words.")
+
+
+class PeriodicPage(BaseModel):
+    """Every periodic task registered, by name (500 at most)."""
+
+    tasks: list[PeriodicOut]
+    now: datetime = Field(description="The database's clock.")

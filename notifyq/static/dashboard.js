@@ -1,7 +1,7 @@
 // notifyq dashboard: plain JavaScript, no dependencies, no build step.
 //
 // It short-polls the HTTP API (GET /queues, GET /queues/states, GET /jobs, GET /jobs/{id},
-// GET /workflows/{id}, GET /workers) and draws what it gets; the job in the detail pane is followed through its event stream
+// GET /workflows/{id}, GET /workers, GET /scheduled, GET /periodic) and draws what it gets; the job in the detail pane is followed through its event stream
 // (GET /jobs/{id}/events) while it runs. Every value from the API reaches the page through text
 // nodes or attribute values, never as HTML, so payloads, errors and names are shown verbatim and
 // cannot inject markup.
@@ -243,7 +243,9 @@
     queues: [],
     samples: [], // {t, completed|null, lastMinute, failedLastMinute}
     filters: { status: "", queue: "", task: "", group: "", payload: "" },
-    view: "jobs", // or "workers"
+    view: "jobs", // or one of VIEWS
+    sched: { filters: { queue: "", task: "" }, jobs: [], nextCursor: null, gen: 0, loaded: false, skew: 0 },
+    cron: null, // GET /periodic, while the cron page is shown
     queueStates: new Map(), // queue -> GET /queues/states row
     workers: null, // GET /workers, while the workers page is shown
     bulkBusy: false,
@@ -274,6 +276,8 @@
     state.ticks += 1;
     const work = [refreshQueues()];
     if (state.view === "workers") work.push(refreshWorkers());
+    else if (state.view === "scheduled") work.push(refreshScheduled());
+    else if (state.view === "cron") work.push(refreshCron());
     else if (!state.wf) work.push(refreshJobs()); // the list is hidden behind the workflow view
     // A live stream pushes the detail's changes; without one, the detail is polled.
     if (streaming()) renderDetail();
@@ -1088,20 +1092,22 @@
 
   // -- workers page (GET /workers) ----------------------------------------------------------
 
+  /** The pages besides the jobs list, each a card of its own: its id is the view's name. */
+  const VIEWS = ["jobs", "workers", "scheduled", "cron"];
+
   function showView(view) {
     state.view = view;
-    const workers = view === "workers";
-    $("workers").hidden = !workers;
-    $("jobs-card").hidden = workers || Boolean(state.wf);
+    for (const other of VIEWS.slice(1)) $(other).hidden = other !== view;
+    $("jobs-card").hidden = view !== "jobs" || Boolean(state.wf);
     document.body.dataset.view = view;
-    $("nav-jobs").setAttribute("aria-pressed", String(!workers));
-    $("nav-workers").setAttribute("aria-pressed", String(workers));
-    if (workers) refreshWorkers().catch((err) => trouble([err]));
+    for (const name of VIEWS) $(`nav-${name}`).setAttribute("aria-pressed", String(name === view));
+    const refresh = { workers: refreshWorkers, scheduled: refreshScheduled, cron: refreshCron }[view];
+    if (refresh) refresh().catch((err) => trouble([err]));
   }
 
   function goView(view) {
     if (view === state.view) return;
-    if (state.wf && view === "workers") hideWorkflow();
+    if (state.wf && view !== "jobs") hideWorkflow();
     showView(view);
     writeHash(true);
   }
@@ -1141,11 +1147,243 @@
     setText($("workers-note"), `${fmtInt(rows.length)} worker${rows.length === 1 ? "" : "s"}, ${fmtInt(listening)} listening, ${fmtInt(running)} job${running === 1 ? "" : "s"} running`);
   }
 
+  // -- scheduled page (GET /scheduled): jobs due later ---------------------------------------
+  //
+  // Like the jobs list: the first pages are read again on every poll (500 rows at most), and
+  // "Load more" follows the keyset cursor. "in 3 min" is counted from the database's clock (the
+  // page's `now`), so a browser whose clock is off still shows when a worker will take the job.
+
+  const WAIT_WORDS = { first_run: "first run", retry: "retry", snoozed: "snoozed" };
+
+  function schedParams() {
+    const f = state.sched.filters;
+    return { queue: f.queue, task: f.task };
+  }
+
+  function readSchedFilters() {
+    setSchedFilters({ queue: $("s-queue").value.trim(), task: $("s-task").value.trim() });
+    writeHash(false);
+  }
+
+  function setSchedFilters(filters) {
+    const sched = state.sched;
+    sched.filters = { queue: filters.queue || "", task: filters.task || "" };
+    $("s-queue").value = sched.filters.queue;
+    $("s-task").value = sched.filters.task;
+    sched.gen += 1;
+    sched.jobs = [];
+    sched.nextCursor = null;
+    sched.loaded = false;
+    renderScheduled();
+    if (state.view === "scheduled" && !state.authNeeded) refreshScheduled().catch((err) => trouble([err]));
+  }
+
+  function takeClock(page) {
+    const server = Date.parse(page.now);
+    if (Number.isFinite(server)) state.sched.skew = server - Date.now();
+  }
+
+  async function refreshScheduled() {
+    const sched = state.sched;
+    if (sched.jobs.length > MAX_LIVE_ROWS) return;
+    const gen = sched.gen;
+    const limit = Math.min(MAX_LIVE_ROWS, Math.max(PAGE_SIZE, Math.ceil(sched.jobs.length / PAGE_SIZE) * PAGE_SIZE));
+    let page;
+    try {
+      page = await api("GET", "scheduled", { ...schedParams(), limit });
+    } catch (err) {
+      if (gen === sched.gen) schedError(err);
+      throw err;
+    }
+    if (gen !== sched.gen || state.view !== "scheduled") return;
+    takeClock(page);
+    sched.jobs = page.jobs;
+    sched.nextCursor = page.next_cursor;
+    sched.loaded = true;
+    renderScheduled();
+  }
+
+  async function loadMoreScheduled() {
+    const sched = state.sched;
+    if (!sched.nextCursor) return;
+    const gen = sched.gen;
+    const button = $("scheduled-more");
+    button.disabled = true;
+    try {
+      const page = await api("GET", "scheduled", { ...schedParams(), limit: PAGE_SIZE, cursor: sched.nextCursor });
+      if (gen !== sched.gen) return;
+      takeClock(page);
+      const seen = new Set(sched.jobs.map((j) => j.job_id));
+      sched.jobs = sched.jobs.concat(page.jobs.filter((j) => !seen.has(j.job_id)));
+      sched.nextCursor = page.next_cursor;
+      renderScheduled();
+    } catch (err) {
+      actionFailed(err, "Could not load more scheduled jobs");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  function schedError(err) {
+    if (err.status === 401 || err.status === 403 || err.status === 503 || err.status === 0) return;
+    const message = $("scheduled-message");
+    message.textContent = `Could not list scheduled jobs: ${err.detail}`;
+    message.hidden = false;
+  }
+
+  /** "in 3 min 4 s" from the database's clock; "due now" once it passed. */
+  function fmtDue(iso) {
+    const s = (Date.parse(iso) - (Date.now() + state.sched.skew)) / 1000;
+    if (!Number.isFinite(s)) return "";
+    return s <= 0.5 ? "due now" : `in ${fmtDuration(s)}`;
+  }
+
+  function waitWhy(job) {
+    if (job.reason === "retry") {
+      const which = job.failed_attempt ? `after error ${job.failed_attempt}` : "after an error";
+      return h("span", { class: "badge badge-failed", title: job.last_error || "", text: `retry ${which}` });
+    }
+    if (job.reason === "snoozed") return h("span", { class: "badge badge-paused", text: "snoozed" });
+    return h("span", { class: "badge badge-queued", text: WAIT_WORDS.first_run });
+  }
+
+  function makeScheduledRow(job) {
+    const id = job.job_id;
+    const open = h("button", { type: "button", class: "linkish", text: shortId(id), title: id, "aria-label": `Open job ${shortId(id)}` });
+    open.addEventListener("click", () => openJob(id));
+    const run = h("button", { type: "button", class: "small", text: "Run now", "aria-label": `Run job ${shortId(id)} now` });
+    run.addEventListener("click", () => scheduledAction(id, "run-now", run));
+    const cancel = h("button", { type: "button", class: "small danger", text: "Cancel", "aria-label": `Cancel job ${shortId(id)}` });
+    cancel.addEventListener("click", () => scheduledAction(id, "cancel", cancel));
+    return h(
+      "tr",
+      { data: { jobId: id } },
+      h("td", {}, open),
+      h("td", { class: "cell-task", data: { col: "task" } }),
+      h("td", { class: "cell-queue", data: { col: "queue" } }),
+      h("td", { data: { col: "due" } }, h("span", { class: "due-in" }), h("span", { class: "muted small due-at" })),
+      h("td", { class: "num", data: { col: "attempt" } }),
+      h("td", { data: { col: "why" } }),
+      h("td", { class: "actions", data: { col: "actions" } }, run, " ", cancel),
+    );
+  }
+
+  function renderScheduled() {
+    const sched = state.sched;
+    const body = $("scheduled-body");
+    const rows = new Map([...body.children].map((tr) => [tr.dataset.jobId, tr]));
+    const wanted = sched.jobs.map((job) => {
+      const tr = rows.get(job.job_id) || makeScheduledRow(job);
+      const cell = (col) => tr.querySelector(`[data-col="${col}"]`);
+      setText(cell("task"), job.task);
+      setText(cell("queue"), job.queue);
+      setText(tr.querySelector(".due-in"), fmtDue(job.run_at));
+      setText(tr.querySelector(".due-at"), ` ${fmtTime(job.run_at)}`);
+      tr.querySelector(".due-in").title = job.run_at;
+      setText(cell("attempt"), `${job.attempt_count}/${job.max_attempts}`);
+      const why = cell("why");
+      const key = `${job.reason}:${job.failed_attempt}:${job.last_error}`;
+      if (why.dataset.key !== key) {
+        why.dataset.key = key;
+        why.dataset.reason = job.reason;
+        why.replaceChildren(waitWhy(job));
+      }
+      tr.classList.toggle("selected", job.job_id === state.selectedId);
+      return tr;
+    });
+    // Keep rows in place that stay: a button under the pointer is not replaced mid-click.
+    wanted.forEach((tr, index) => {
+      if (body.children[index] !== tr) body.insertBefore(tr, body.children[index] || null);
+    });
+    while (body.children.length > wanted.length) body.lastElementChild.remove();
+    const message = $("scheduled-message");
+    if (sched.loaded && sched.jobs.length === 0) {
+      const f = sched.filters;
+      message.textContent = f.queue || f.task ? "No job of these filters is due later." : "No job is due later.";
+      message.hidden = false;
+    } else if (sched.loaded) message.hidden = true;
+    const more = sched.nextCursor ? "+" : "";
+    setText($("scheduled-count"), sched.loaded ? `${fmtInt(sched.jobs.length)}${more} shown` : "");
+    $("scheduled-more").hidden = !sched.nextCursor;
+  }
+
+  async function scheduledAction(id, kind, button) {
+    if (kind === "cancel") {
+      const ok = await confirmDialog(`Cancel job ${shortId(id)}?`, "It will not run; Retry on its page queues it again.", id, "Cancel job");
+      if (!ok) return;
+    }
+    button.disabled = true;
+    try {
+      const job = await api("POST", `jobs/${segment(id)}/${kind}`);
+      toast(kind === "run-now" ? `Job ${shortId(id)} is due now.` : `Job ${shortId(id)} cancelled.`);
+      if (state.selectedId === id && job && job.job_id) showJob(job);
+      tick();
+    } catch (err) {
+      actionFailed(err, `Could not ${kind === "run-now" ? "run" : "cancel"} job ${shortId(id)}`);
+      refreshScheduled().catch(() => {});
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // -- cron page (GET /periodic) -------------------------------------------------------------
+
+  const CRON_STATES = { ok: "ticking", pending: "first tick to come", missed: "no live worker", invalid: "invalid" };
+
+  async function refreshCron() {
+    const page = await api("GET", "periodic");
+    if (state.view !== "cron") return;
+    takeClock(page);
+    state.cron = page.tasks;
+    renderCron();
+  }
+
+  function renderCron() {
+    const rows = state.cron || [];
+    $("cron-body").replaceChildren(
+      ...rows.map((t) => {
+        const last = t.last_tick;
+        let lastCell;
+        if (!last) lastCell = h("span", { class: "muted", text: "none yet" });
+        else {
+          const open = last.job_id ? h("button", { type: "button", class: "linkish", text: shortId(last.job_id), title: last.job_id, "aria-label": `Open job ${shortId(last.job_id)} of ${t.name}` }) : null;
+          if (open) open.addEventListener("click", () => openJob(last.job_id));
+          lastCell = [
+            h("span", { title: last.at, text: fmtAgo(last.at) }),
+            h("div", { class: "muted small", text: fmtTime(last.at) }),
+            h("div", {}, open, " ", last.job_status ? badge(last.job_status) : h("span", { class: "muted small", text: "job deleted" })),
+          ];
+        }
+        const kind = t.state === "ok" ? "active" : t.state === "pending" ? "queued" : "failed";
+        return h(
+          "tr",
+          { data: { task: t.name, state: t.state } },
+          h("th", { scope: "row", class: "mono", title: t.name, text: t.name }),
+          h("td", { data: { col: "schedule" } }, h("code", { text: t.cron }), t.description ? h("div", { class: "muted small", text: t.description }) : null, h("div", { class: "muted small", text: `queue ${t.queue}` })),
+          h("td", { data: { col: "last" } }, lastCell),
+          h("td", { data: { col: "next" } }, t.next_tick ? [h("span", { title: t.next_tick, text: fmtDue(t.next_tick) }), h("div", { class: "muted small", text: fmtTime(t.next_tick) })] : "—"),
+          h(
+            "td",
+            { data: { col: "state" } },
+            h("span", { class: `badge badge-${kind}`, text: CRON_STATES[t.state] || t.state }),
+            t.queue_paused ? [" ", h("span", { class: "badge badge-paused", text: "queue paused" })] : null,
+            t.state === "missed" || t.state === "invalid" ? h("div", { class: "why", text: t.reason }) : null,
+            h("div", { class: "muted small", title: t.registered_at, text: `registered ${fmtAgo(t.registered_at)}` }),
+          ),
+        );
+      }),
+    );
+    $("cron-empty").hidden = rows.length > 0;
+    const missed = rows.filter((t) => t.state === "missed").length;
+    setText($("cron-note"), `${fmtInt(rows.length)} periodic task${rows.length === 1 ? "" : "s"}${missed ? `, ${fmtInt(missed)} without a live worker` : ""}`);
+  }
+
   // -- where the page is: the URL's hash ---------------------------------------------------
   //
   // #job=<id> opens a job's detail, #workflow=<id> the workflow view, and both can be there
   // (#workflow=<id>&job=<id>). The list's filters are there too (#status=failed&queue=emails,
-  // payload= a JSON object), and view=workers for the workers page, so reloading or sharing the
+  // payload= a JSON object), view=workers|scheduled|cron for the other pages, and the Scheduled
+  // page's own filters (squeue=, stask=), so reloading or sharing the
   // address shows the same view. Selecting a job or changing a filter replaces the history
   // entry; opening or leaving a workflow or a page adds one, so Back goes back to the list.
 
@@ -1160,8 +1398,9 @@
     return {
       job: params.get("job") || null,
       workflow: params.get("workflow") || null,
-      view: params.get("view") === "workers" ? "workers" : "jobs",
+      view: VIEWS.includes(params.get("view")) ? params.get("view") : "jobs",
       filters,
+      sched: { queue: (params.get("squeue") || "").slice(0, 200), task: (params.get("stask") || "").slice(0, 200) },
     };
   }
 
@@ -1169,6 +1408,8 @@
     const params = new URLSearchParams();
     if (state.view !== "jobs") params.set("view", state.view);
     for (const key of FILTER_KEYS) if (state.filters[key]) params.set(key, state.filters[key]);
+    if (state.sched.filters.queue) params.set("squeue", state.sched.filters.queue);
+    if (state.sched.filters.task) params.set("stask", state.sched.filters.task);
     if (state.wf) params.set("workflow", state.wf.id);
     if (state.selectedId) params.set("job", state.selectedId);
     const hash = params.toString();
@@ -1185,6 +1426,8 @@
   function applyHash() {
     const want = readHash();
     if (FILTER_KEYS.some((k) => want.filters[k] !== state.filters[k])) setFilters(want.filters, { fromHash: true });
+    const sf = state.sched.filters;
+    if (want.sched.queue !== sf.queue || want.sched.task !== sf.task) setSchedFilters(want.sched);
     if (want.view !== state.view) showView(want.view);
     if (want.workflow !== (state.wf ? state.wf.id : null)) {
       if (want.workflow) showWorkflow(want.workflow);
@@ -1302,6 +1545,7 @@
     $("detail-body").hidden = !open;
     $("btn-close").hidden = !open;
     $("btn-retry").hidden = !job || !(job.status === "failed" || job.status === "cancelled");
+    $("btn-run-now").hidden = !job || job.status !== "queued" || !(Date.parse(job.run_at) > Date.now() + state.sched.skew);
     $("btn-cancel").hidden = !job || FINAL.has(job.status);
     $("btn-delete").hidden = !job || !FINAL.has(job.status);
     const status = $("detail-status");
@@ -1474,12 +1718,13 @@
   async function jobAction(kind) {
     const id = state.selectedId;
     if (!id) return;
-    const button = kind === "retry" ? $("btn-retry") : $("btn-cancel");
+    const button = $(`btn-${kind}`);
     button.disabled = true;
     try {
       const job = await api("POST", `jobs/${segment(id)}/${kind}`);
       if (state.selectedId === id && job && job.job_id) showJob(job);
-      toast(kind === "retry" ? `Job ${shortId(id)} requeued.` : `Job ${shortId(id)}: cancel ${job && job.status === "processing" ? "requested" : "done"}.`);
+      const done = { retry: "requeued", "run-now": "is due now" }[kind];
+      toast(done ? `Job ${shortId(id)} ${done}.` : `Job ${shortId(id)}: cancel ${job && job.status === "processing" ? "requested" : "done"}.`);
       kickWorkflow(); // its other jobs may follow (cancelled dependents, a rerun branch)
       tick();
     } catch (err) {
@@ -1624,7 +1869,7 @@
     if (state.wf && state.wf.id === id) return;
     if (state.wf) clearTimeout(state.wf.timer); // another workflow: replaced in place
     state.wf = { id, data: null, missing: false, error: null, timer: null, busy: false, again: false, done: false, layoutKey: null, nodes: new Map(), edges: [] };
-    if (state.view === "workers") showView("jobs");
+    if (state.view !== "jobs") showView("jobs");
     $("jobs-card").hidden = true;
     $("workflow").hidden = false;
     renderWorkflow();
@@ -1638,7 +1883,7 @@
     $("workflow").hidden = true;
     $("wf-canvas").replaceChildren();
     applyZoom(); // no workflow: an empty sizer
-    $("jobs-card").hidden = state.view === "workers";
+    $("jobs-card").hidden = state.view !== "jobs";
     if (!state.authNeeded) refreshJobs().catch((err) => trouble([err]));
   }
 
@@ -2004,8 +2249,26 @@
     $("btn-delete").addEventListener("click", deleteJob);
     $("nav-jobs").addEventListener("click", () => goView("jobs"));
     $("nav-workers").addEventListener("click", () => goView("workers"));
+    $("nav-scheduled").addEventListener("click", () => goView("scheduled"));
+    $("nav-cron").addEventListener("click", () => goView("cron"));
+    for (const id of ["s-queue", "s-task"]) {
+      $(id).addEventListener("change", readSchedFilters);
+      $(id).addEventListener("keydown", (event) => {
+        if (event.key === "Enter") {
+          event.preventDefault();
+          readSchedFilters();
+        }
+      });
+    }
+    $("s-filters").addEventListener("submit", (event) => event.preventDefault());
+    $("s-clear").addEventListener("click", () => {
+      setSchedFilters({ queue: "", task: "" });
+      writeHash(false);
+    });
+    $("scheduled-more").addEventListener("click", loadMoreScheduled);
     $("load-more").addEventListener("click", loadMore);
     $("btn-retry").addEventListener("click", () => jobAction("retry"));
+    $("btn-run-now").addEventListener("click", () => jobAction("run-now"));
     $("btn-cancel").addEventListener("click", () => jobAction("cancel"));
     $("btn-close").addEventListener("click", closeJob);
     $("wf-back").addEventListener("click", closeWorkflow);

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from notifyq.store._managing import BulkDone, JobFilter, Managing, Searched
 from notifyq.store._runner import WRITE_CHUNK
+from notifyq.store._scheduling import Scheduling
 from notifyq.store._submit import ENQUEUE_CHUNK, Submitting
 from notifyq.store._sync import SyncStore
 from notifyq.store._working import Working
@@ -28,6 +29,6 @@ __all__ = [
 ]
 
 
-class Store(Submitting, Managing, Working):
+class Store(Submitting, Managing, Scheduling, Working):
     """Runs notifyq's queries against a pool: submitting jobs, reading and managing them, and
     the statements a worker runs. Each concern is its own base class."""
