@@ -392,7 +392,8 @@ async def test_scheduled_lists_jobs_due_later_soonest_first_and_says_why_each_wa
 
     tasks = Registry(
         [
-            make_task(flaky, "flaky", max_attempts=5, backoff=Backoff(base=1200, cap=1200)),
+            # Half of a backoff is jitter: 1,800 s to 3,600 s, always after the 900 s snooze.
+            make_task(flaky, "flaky", max_attempts=5, backoff=Backoff(base=3600, cap=3600)),
             make_task(sleepy, "sleepy"),
         ]
     )
