@@ -6,8 +6,10 @@ Chromium (as tests/test_dashboard.py, whose serving and browser fixtures these s
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -38,6 +40,14 @@ pytestmark = pytest.mark.slow
 __all__ = ["browser", "page"]  # fixtures: imported to be found here
 
 NARROW = {"width": 420, "height": 860}
+STATIC = Path(__file__).resolve().parent.parent / "notifyq" / "static"
+
+
+def screenshot(page: Any, name: str) -> None:
+    """With NOTIFYQ_SCREENSHOT=1, rewrites the README's picture of this page."""
+    if os.environ.get("NOTIFYQ_SCREENSHOT") == "1":
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live")  # counts shown
+        page.screenshot(path=str(STATIC / f"dashboard-{name}.png"))
 
 
 def post_batch(client: httpx.Client, jobs: list[dict[str, Any]]) -> list[str]:
@@ -301,6 +311,7 @@ def test_the_scheduled_page_lists_jobs_due_later_and_runs_or_cancels_them(
         retry = scheduled_row(page, retried)
         expect(retry.locator('[data-col="why"]')).to_have_text("retry after error 1")
         expect(retry.locator('[data-col="attempt"]')).to_have_text("1/3")
+        screenshot(page, "scheduled")
 
         # Filters, kept in the address.
         queue = page.get_by_label("Queue of scheduled jobs")
@@ -372,6 +383,7 @@ def test_the_cron_page_shows_each_periodic_task_and_one_no_worker_runs(
         expect(stale.locator('[data-col="state"]')).to_contain_text("no live worker")
         expect(stale.locator('[data-col="schedule"]')).to_contain_text("every day at 02:30 UTC")
         expect(page.locator("#cron-note")).to_contain_text("1 without a live worker")
+        screenshot(page, "cron")
         # The last tick's job opens its page.
         link = ticking.get_by_role("button", name=re.compile("Open job .* of every_minute"))
         link.click()
