@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,18 +110,32 @@ async def running_worker(
 
 
 class Process:
-    """A ``notifyq`` command running as a child process, its stderr collected in a file."""
+    """A ``notifyq`` command running as a child process, its stderr collected in a file.
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    ``argv`` replaces ``python -m notifyq ARGS`` with a command of its own (a container's
+    ``sh -c "notifyq migrate && exec notifyq serve"``, say; ``args`` then only name it in
+    messages). Each process leads a process group of its own, so that ``stop`` also ends
+    what a shell started."""
+
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        argv: list[str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
         self.args = args
         self.log = log
         self._log_file = log.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "notifyq", *args],
+            argv or [sys.executable, "-m", "notifyq", *args],
             env=env,
-            cwd=ROOT,
+            cwd=cwd,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     @property
@@ -156,9 +171,10 @@ class Process:
             ) from None
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(10)
+        """Kills the process and whatever it started (its process group), if still running."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
         self._log_file.close()
 
 
@@ -174,9 +190,15 @@ def processes(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     """Starts ``notifyq`` child processes; kills whichever still run at the end."""
     started: list[Process] = []
 
-    def start(*args: str, env: dict[str, str], name: str | None = None) -> Process:
+    def start(
+        *args: str,
+        env: dict[str, str],
+        name: str | None = None,
+        argv: list[str] | None = None,
+        cwd: Path = ROOT,
+    ) -> Process:
         log = tmp_path / f"{name or args[0]}-{len(started)}.log"
-        process = Process(list(args), env, log)
+        process = Process(list(args), env, log, argv=argv, cwd=cwd)
         started.append(process)
         return process
 
