@@ -17,8 +17,9 @@
 -- the next job due", asked before every sleep, is a plpgsql function: its plan is made once per
 -- connection, not at every call as a SQL function with SET clauses is.
 --
--- Only adds functions and replaces settle_v1's body with a call of settle_v2 (same behaviour):
--- workers and API processes of earlier versions keep working beside these.
+-- Only adds functions, and replaces the bodies of settle_v1 (now settle_v2 and the notification)
+-- and complete_v3 (now write_completions_v1 and settle_v1) with the same behaviour: workers and
+-- API processes of earlier versions keep working beside these.
 
 -- What follows the end of these jobs, as settle_v1 said, without the notification of the queues
 -- woken: answers each job that became claimable (a dependent queued, the next member of a group
@@ -114,17 +115,13 @@ BEGIN
 END;
 $$;
 
--- complete_and_claim_v1 (sql/009), except that the queues of the jobs the completions made
--- claimable are notified after the claim, and only for those the claim left queued (no slot
--- free, a task or queue this worker does not serve, a limit): a dependent that starts here wakes
--- no other worker, and this one's own wake-up does not claim nothing right after.
-CREATE FUNCTION notifyq.complete_and_claim_v2(
-    p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[],
-    p_tasks text[], p_queues text[], p_take integer, p_lease float8
-) RETURNS TABLE (id uuid, task text, queue text, payload jsonb, priority integer,
-                 attempt_count integer, max_attempts integer, claims integer,
-                 created_at float8, run_at float8, dependencies jsonb,
-                 trace_context jsonb)
+-- What completing jobs writes, the one place that says it (complete_v3 and complete_and_claim_v2
+-- call it): each job the worker still holds (the lease fence) becomes completed with its result,
+-- and the circuit breakers of their tasks close. Answers the ids written and the (queue,
+-- group_key) pairs of the grouped ones (NULL arrays when none was written), for settle_v2.
+CREATE FUNCTION notifyq.write_completions_v1(
+    p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[]
+) RETURNS TABLE (ids uuid[], queues text[], group_keys text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
@@ -132,13 +129,8 @@ SET enable_bitmapscan = off
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
-#variable_conflict use_column
-DECLARE
-    v_done record;
-    v_woken uuid[];
-    v_woken_queues text[];
 BEGIN
-    -- complete_v3 (sql/005), its completions answered as ids with every other column null.
+    RETURN QUERY
     WITH done AS (
         UPDATE notifyq.jobs AS j
         SET status = 'completed',
@@ -155,13 +147,63 @@ BEGIN
         WHERE t.name IN (SELECT done.task FROM done)
           AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
     )
-    SELECT array_agg(done.id) AS ids,
-           array_agg(done.queue) FILTER (WHERE done.group_key IS NOT NULL) AS queues,
-           array_agg(done.group_key) FILTER (WHERE done.group_key IS NOT NULL) AS group_keys
-    INTO v_done FROM done;
+    SELECT array_agg(done.id),
+           array_agg(done.queue) FILTER (WHERE done.group_key IS NOT NULL),
+           array_agg(done.group_key) FILTER (WHERE done.group_key IS NOT NULL)
+    FROM done;
+END;
+$$;
+
+-- complete_v3 (sql/005), its writes now write_completions_v1's.
+CREATE OR REPLACE FUNCTION notifyq.complete_v3(
+    p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[]
+) RETURNS SETOF uuid
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_done record;
+BEGIN
+    SELECT * INTO v_done
+    FROM notifyq.write_completions_v1(p_worker_id, p_ids, p_claims, p_results);
+    IF v_done.ids IS NOT NULL THEN
+        PERFORM notifyq.settle_v1(v_done.ids, v_done.queues, v_done.group_keys);
+        RETURN QUERY SELECT unnest(v_done.ids);
+    END IF;
+END;
+$$;
+
+-- complete_and_claim_v1 (sql/009), except that the queues of the jobs the completions made
+-- claimable are notified after the claim, and only for those the claim left queued (no slot
+-- free, a task or queue this worker does not serve, a limit): a dependent that starts here wakes
+-- no other worker, and this one's own wake-up does not claim nothing right after.
+CREATE FUNCTION notifyq.complete_and_claim_v2(
+    p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[],
+    p_tasks text[], p_queues text[], p_take integer, p_lease float8
+) RETURNS TABLE (id uuid, task text, queue text, payload jsonb, priority integer,
+                 attempt_count integer, max_attempts integer, claims integer,
+                 created_at float8, run_at float8, dependencies jsonb,
+                 trace_context jsonb)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_done record;
+    v_woken uuid[];
+    v_woken_queues text[];
+BEGIN
+    SELECT * INTO v_done
+    FROM notifyq.write_completions_v1(p_worker_id, p_ids, p_claims, p_results);
     IF v_done.ids IS NOT NULL THEN
         SELECT array_agg(s.id), array_agg(s.queue) INTO v_woken, v_woken_queues
         FROM notifyq.settle_v2(v_done.ids, v_done.queues, v_done.group_keys) AS s;
+        -- The completions written: their ids, every other column null.
         RETURN QUERY
         SELECT u, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
                NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb, NULL::jsonb
@@ -204,8 +246,6 @@ ALTER FUNCTION notifyq.claim_v4(text, text[], text[], integer, float8, boolean)
 ALTER FUNCTION notifyq.claim_limited_v4(text, text[], text[], integer, float8)
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION notifyq.start_jobs_v3(text, uuid[], float8)
-    SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION notifyq.complete_v3(text, uuid[], integer[], jsonb[])
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION notifyq.fail_v3(text, uuid[], integer[], text[], boolean[], float8[])
     SET plan_cache_mode = force_generic_plan;

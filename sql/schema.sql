@@ -878,7 +878,6 @@ CREATE FUNCTION notifyq.complete_and_claim_v2(p_worker_id text, p_ids uuid[], p_
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -888,30 +887,12 @@ DECLARE
     v_woken uuid[];
     v_woken_queues text[];
 BEGIN
-    -- complete_v3 (sql/005), its completions answered as ids with every other column null.
-    WITH done AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'completed',
-            result = d.result,
-            finished_at = now(),
-            lease_expires_at = NULL
-        FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.task, j.queue, j.group_key
-    ), closed AS (
-        UPDATE notifyq.tasks AS t
-        SET consecutive_failures = 0, breaker_open_until = NULL
-        WHERE t.name IN (SELECT done.task FROM done)
-          AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
-    )
-    SELECT array_agg(done.id) AS ids,
-           array_agg(done.queue) FILTER (WHERE done.group_key IS NOT NULL) AS queues,
-           array_agg(done.group_key) FILTER (WHERE done.group_key IS NOT NULL) AS group_keys
-    INTO v_done FROM done;
+    SELECT * INTO v_done
+    FROM notifyq.write_completions_v1(p_worker_id, p_ids, p_claims, p_results);
     IF v_done.ids IS NOT NULL THEN
         SELECT array_agg(s.id), array_agg(s.queue) INTO v_woken, v_woken_queues
         FROM notifyq.settle_v2(v_done.ids, v_done.queues, v_done.group_keys) AS s;
+        -- The completions written: their ids, every other column null.
         RETURN QUERY
         SELECT u, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
                NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb, NULL::jsonb
@@ -992,34 +973,14 @@ $$;
 CREATE FUNCTION notifyq.complete_v3(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_done record;
 BEGIN
-    WITH done AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'completed',
-            result = d.result,
-            finished_at = now(),
-            lease_expires_at = NULL
-        FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.task, j.queue, j.group_key
-    ), closed AS (
-        UPDATE notifyq.tasks AS t
-        SET consecutive_failures = 0, breaker_open_until = NULL
-        WHERE t.name IN (SELECT done.task FROM done)
-          AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
-    )
-    SELECT array_agg(done.id) AS ids,
-           array_agg(done.queue) FILTER (WHERE done.group_key IS NOT NULL) AS queues,
-           array_agg(done.group_key) FILTER (WHERE done.group_key IS NOT NULL) AS group_keys
-    INTO v_done FROM done;
+    SELECT * INTO v_done
+    FROM notifyq.write_completions_v1(p_worker_id, p_ids, p_claims, p_results);
     IF v_done.ids IS NOT NULL THEN
         PERFORM notifyq.settle_v1(v_done.ids, v_done.queues, v_done.group_keys);
         RETURN QUERY SELECT unnest(v_done.ids);
@@ -2518,6 +2479,39 @@ BEGIN
         PERFORM notifyq.notify_queues_v1(ARRAY[v_job.queue]);
     END IF;
     RETURN true;
+END;
+$$;
+
+CREATE FUNCTION notifyq.write_completions_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[]) RETURNS TABLE(ids uuid[], queues text[], group_keys text[])
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        UPDATE notifyq.jobs AS j
+        SET status = 'completed',
+            result = d.result,
+            finished_at = now(),
+            lease_expires_at = NULL
+        FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
+        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                                               d.claim)
+        RETURNING j.id, j.task, j.queue, j.group_key
+    ), closed AS (
+        UPDATE notifyq.tasks AS t
+        SET consecutive_failures = 0, breaker_open_until = NULL
+        WHERE t.name IN (SELECT done.task FROM done)
+          AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
+    )
+    SELECT array_agg(done.id),
+           array_agg(done.queue) FILTER (WHERE done.group_key IS NOT NULL),
+           array_agg(done.group_key) FILTER (WHERE done.group_key IS NOT NULL)
+    FROM done;
 END;
 $$;
 
