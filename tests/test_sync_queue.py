@@ -410,6 +410,9 @@ def test_one_queue_serves_eight_threads_at_once(settings: Settings, db_url: str)
         for job_id in ids[::5]:
             job = q.wait(job_id, timeout=20)
             assert job.status is JobStatus.COMPLETED and job.result["thread"] == n
+        # Due later, so that this wait listens (the others may have found their job done).
+        later = q.enqueue("echo", {"thread": n, "later": True}, delay=0.3)
+        assert q.wait(later.job_id, timeout=20).status is JobStatus.COMPLETED
         return ids, held.job_id, client_connections(db_url)["notifyq-client-listener"]
 
     with SyncQueue(settings=settings) as q, worker_thread(settings):
@@ -419,7 +422,7 @@ def test_one_queue_serves_eight_threads_at_once(settings: Settings, db_url: str)
     assert len(set(ids)) == 8 * 50
     # At most one queued job per (queue, dedup_key), also from eight threads at once.
     assert len({held for _, held, _ in outcomes}) == 1
-    assert scalar(db_url, "SELECT count(*) FROM notifyq.jobs") == 8 * 50 + 1
+    assert scalar(db_url, "SELECT count(*) FROM notifyq.jobs") == 8 * 50 + 8 + 1
     # Every thread's waits share one LISTEN connection.
     assert {listeners for _, _, listeners in outcomes} == {1}
 
