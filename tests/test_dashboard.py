@@ -140,7 +140,11 @@ def page(browser: Any) -> Iterator[Any]:
         "console",
         lambda message: (
             message.type == "error"
-            and "status of" not in message.text  # the browser's own line for a 401 or 503
+            # The browser's own line for a request that failed (a 401 or 503 answered, or the
+            # test's server already stopping while the page still polls): how the page handles
+            # those is what the tests check; it is not an error of the page's code.
+            and "status of" not in message.text
+            and not message.text.startswith("Failed to load resource: net::")
             and problems.append(f"console: {message.text}")
         ),
     )
