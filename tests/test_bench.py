@@ -114,6 +114,36 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_quick_bulk_insert_scenario_compares_with_a_plain_table_and_drops_it(
+    tmp_path: Path,
+) -> None:
+    url = os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "notifyq", "bench", "--quick", "--quiet"),
+            *("--scenario", "bulk-insert", "--json", str(out)),
+        ],
+        cwd=tmp_path,
+        env=_bench_env(DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads(out.read_text())
+    figures = {f["key"]: f for f in results["figures"]}
+    raw = results["scenarios"]["bulk_insert"]
+    assert raw["rows"] == 10_000
+    assert len(raw["notifyq"]) == len(raw["plain"]) == 1
+    assert figures["bulk_insert.notifyq"]["floor"] == [raw["plain"][0]["jobs_per_s"]]
+    ratio = figures["bulk_insert.vs_plain"]
+    assert ratio["target"] is not None
+    assert ratio["values"] == [raw["notifyq"][0]["jobs_per_s"] / raw["plain"][0]["jobs_per_s"]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_quick_history_scenario_fills_a_history_the_schema_accepts(tmp_path: Path) -> None:
     # The history is inserted with notifyq's defaults trigger off, so every NOT NULL column
     # without a default must be named by the bench itself.

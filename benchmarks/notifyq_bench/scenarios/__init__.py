@@ -20,6 +20,7 @@ from __future__ import annotations
 from notifyq_bench.scenarios import (
     api,
     batch,
+    bulk_insert,
     concurrency,
     history,
     insert_trigger,
@@ -43,6 +44,7 @@ SCENARIOS: dict[str, Scenario] = {
         api.SCENARIO,
         batch.SCENARIO,
         insert_trigger.SCENARIO,
+        bulk_insert.SCENARIO,
         history.SCENARIO,
         concurrency.SCENARIO,
         workflow.SCENARIO,

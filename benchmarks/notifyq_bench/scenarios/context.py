@@ -36,6 +36,8 @@ class Sizes:
     batch_calls: int
     batch_size: int
     insert_seconds: float
+    #: Jobs of one bulk INSERT ... SELECT.
+    bulk_rows: int
     history_rows: int
     history_queued: int
     claim_reps: int
@@ -62,6 +64,7 @@ class Sizes:
                 batch_calls=5,
                 batch_size=1_000,
                 insert_seconds=2.0,
+                bulk_rows=10_000,
                 history_rows=100_000,
                 history_queued=1_000,
                 claim_reps=100,
@@ -83,6 +86,7 @@ class Sizes:
             batch_calls=50,
             batch_size=1_000,
             insert_seconds=6.0,
+            bulk_rows=100_000,
             history_rows=1_000_000,
             history_queued=1_000,
             claim_reps=500,
