@@ -1491,6 +1491,29 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.fill_defaults_v2() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    -- Which statement and task the kept defaults are of. txid_current() is assigned already:
+    -- this row is being inserted.
+    v_key pg_catalog.text := pg_catalog.concat_ws(
+        ' ', pg_catalog.txid_current(), pg_catalog.statement_timestamp(), NEW.task);
+BEGIN
+    IF (pg_catalog.current_setting('notifyq.defaults_of', true) OPERATOR(pg_catalog.=) v_key)
+       IS NOT TRUE THEN
+        PERFORM notifyq.keep_task_defaults_v1(NEW.task, v_key);
+    END IF;
+    NEW.queue := coalesce(NEW.queue, pg_catalog.current_setting('notifyq.defaults_queue'));
+    NEW.priority := coalesce(
+        NEW.priority, pg_catalog.current_setting('notifyq.defaults_priority')::pg_catalog.int4);
+    NEW.max_attempts := coalesce(
+        NEW.max_attempts,
+        pg_catalog.current_setting('notifyq.defaults_max_attempts')::pg_catalog.int4);
+    RETURN NEW;
+END;
+$$;
+
 CREATE FUNCTION notifyq.holds_v1(p_status text, p_worker_id text, p_claims integer, p_holder text, p_claim integer) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -1525,6 +1548,31 @@ BEGIN
     ) AS n
     LEFT JOIN notifyq.tasks AS t ON t.name = n.task
     ORDER BY u.ord;
+END;
+$$;
+
+CREATE FUNCTION notifyq.keep_task_defaults_v1(p_task text, p_key text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_task record;
+BEGIN
+    SELECT coalesce(t.options ->> 'queue', 'default') AS queue,
+           coalesce((t.options ->> 'priority')::integer, 0) AS priority,
+           coalesce(t.max_attempts,
+                    (SELECT s.value::integer FROM notifyq.settings AS s
+                     WHERE s.key = 'max_attempts'),
+                    3) AS max_attempts
+    INTO v_task
+    FROM (SELECT p_task AS name) AS n
+    LEFT JOIN notifyq.tasks AS t ON t.name = n.name;
+    -- Transaction-local: set inside this function (which has a SET clause of its own), they
+    -- still outlive the call, until the transaction ends.
+    PERFORM set_config('notifyq.defaults_queue', v_task.queue, true),
+            set_config('notifyq.defaults_priority', v_task.priority::text, true),
+            set_config('notifyq.defaults_max_attempts', v_task.max_attempts::text, true),
+            set_config('notifyq.defaults_of', p_key, true);
 END;
 $$;
 
@@ -2705,7 +2753,7 @@ CREATE UNIQUE INDEX jobs_pending_dedup_idx ON notifyq.jobs USING btree (queue, d
 
 CREATE INDEX jobs_workflow_idx ON notifyq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
-CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NOT NULL) AND ((new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL)))) EXECUTE FUNCTION notifyq.fill_defaults_v1();
+CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NOT NULL) AND ((new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL)))) EXECUTE FUNCTION notifyq.fill_defaults_v2();
 
 CREATE TRIGGER jobs_accept BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NULL) OR (new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL) OR (new.status IS DISTINCT FROM 'queued'::text) OR (new.attempt_count <> 0) OR (new.claims <> 0) OR (new.lost_count <> 0) OR (new.worker_id IS NOT NULL) OR (new.lease_expires_at IS NOT NULL) OR (new.heartbeat_at IS NOT NULL) OR (new.started_at IS NOT NULL) OR (new.finished_at IS NOT NULL) OR (new.result IS NOT NULL) OR (new.last_error IS NOT NULL) OR (new.errors IS DISTINCT FROM '[]'::jsonb) OR (new.cancel_requested_at IS NOT NULL) OR (NOT ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (NOT ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (cardinality(new.depends_on) > 0) OR (new.group_key IS NOT NULL) OR (new.group_seq IS NOT NULL) OR new.group_blocked OR (new.progress IS NOT NULL))) EXECUTE FUNCTION notifyq.accept_job_v2();
 

@@ -87,9 +87,63 @@ def test_every_function_pins_its_search_path(db_url: str) -> None:
                WHERE p.pronamespace = 'notifyq'::regnamespace
                  AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY(p.proconfig), false)"""
         ).fetchall()
-    # The one exception: the lease fence, an IMMUTABLE SQL expression of its arguments that the
-    # planner inlines into its (pinned) callers, which a SET clause would prevent.
-    assert [row[0] for row in rows] == ["notifyq.holds_v1(text,text,integer,text,integer)"], rows
+    # Two exceptions. The lease fence, an IMMUTABLE SQL expression of its arguments that the
+    # planner inlines into its (pinned) callers, which a SET clause would prevent. The defaults
+    # trigger of a plain INSERT, which runs at every row, as the inserting role, and names
+    # everything by its schema instead (the test below plants overloads of what it calls).
+    assert sorted(row[0] for row in rows) == [
+        "notifyq.fill_defaults_v2()",
+        "notifyq.holds_v1(text,text,integer,text,integer)",
+    ], rows
+
+
+#: Exact matches of what the defaults trigger calls, better than the built-ins for its arguments
+#: where the built-in is variadic.
+TRIGGER_PLANTS = [
+    ("current_setting(text, boolean)", "text"),
+    ("current_setting(text)", "text"),
+    ("concat_ws(text, bigint, timestamptz, text)", "text"),
+    ("txid_current()", "bigint"),
+    ("statement_timestamp()", "timestamptz"),
+]
+
+
+def test_the_unpinned_defaults_trigger_never_calls_a_planted_overload(db_url: str) -> None:
+    # The worst case for a function without a SET clause: a caller whose own search_path puts
+    # public before pg_catalog, where another role planted functions and an operator.
+    with role(db_url) as attacker, psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.planted_calls (name text)")
+        conn.execute(
+            sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(attacker))
+        )
+        conn.execute(
+            sql.SQL("GRANT INSERT ON public.planted_calls TO {}").format(sql.Identifier(attacker))
+        )
+        conn.execute(
+            "INSERT INTO notifyq.tasks (name, max_attempts, options) "
+            """VALUES ('mail', 4, '{"queue": "mail", "priority": 2}')"""
+        )
+        with psycopg.connect(as_role(db_url, attacker), autocommit=True) as evil:
+            for signature, returns in [*TRIGGER_PLANTS, ("planted_eq(text, text)", "boolean")]:
+                name = signature.partition("(")[0]
+                evil.execute(
+                    f"CREATE FUNCTION public.{signature} RETURNS {returns} LANGUAGE sql "
+                    f"AS $$ INSERT INTO public.planted_calls VALUES ('{name}') "
+                    f"RETURNING NULL::{returns} $$"
+                )
+            evil.execute(
+                "CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, "
+                "FUNCTION = public.planted_eq)"
+            )
+        conn.execute("SET search_path = public, pg_catalog")
+        rows = conn.execute(
+            "INSERT INTO notifyq.jobs (task, payload) "
+            "SELECT t, '{}' FROM unnest(ARRAY['mail', 'echo', 'mail']) AS t "
+            "RETURNING task, queue, priority, max_attempts"
+        ).fetchall()
+        assert rows == [("mail", "mail", 2, 4), ("echo", "default", 0, 3), ("mail", "mail", 2, 4)]
+        assert conn.execute("SELECT name FROM public.planted_calls").fetchall() == []
+        conn.execute("DROP TABLE public.planted_calls")
 
 
 async def test_a_planted_overload_of_a_built_in_never_runs_as_the_worker(

@@ -224,7 +224,7 @@ async def test_a_plain_insert_gets_the_same_defaults_as_the_enqueue_functions(
     db_url: str, conn: Any
 ) -> None:
     # Two ways in state the defaults rule: the row trigger of a plain INSERT that names its task
-    # (notifyq.fill_defaults_v1) and the batch function of the enqueue paths (job_defaults_v1).
+    # (notifyq.fill_defaults_v2) and the batch function of the enqueue paths (job_defaults_v1).
     await migrate(Settings.load(database_url=db_url, max_attempts=6), progress=lambda _: None)
     await conn.execute(
         "INSERT INTO notifyq.tasks (name, max_attempts, options) VALUES "
@@ -257,3 +257,57 @@ async def test_a_plain_insert_gets_the_same_defaults_as_the_enqueue_functions(
             [task, queue, priority, max_attempts],
         )
         assert inserted == await cursor.fetchone(), columns
+
+
+async def test_one_insert_of_many_tasks_gives_each_row_its_own_tasks_defaults(
+    db_url: str, conn: Any
+) -> None:
+    # fill_defaults_v2 keeps the last task's defaults for the rest of the statement: rows that
+    # alternate between tasks must not take the previous row's.
+    await migrate(Settings.load(database_url=db_url, max_attempts=6), progress=lambda _: None)
+    await conn.execute(
+        "INSERT INTO notifyq.tasks (name, max_attempts, options) VALUES "
+        """('mail', 9, '{"queue": "mail", "priority": 7}'), ('bare', NULL, '{}')"""
+    )
+    cursor = await conn.execute(
+        "INSERT INTO notifyq.jobs (task, payload, priority) "
+        "SELECT t, jsonb_build_object('n', n), p FROM unnest("
+        "ARRAY['mail', 'bare', 'mail', 'unknown', 'mail', 'mail'], "
+        "ARRAY[NULL, NULL, NULL, NULL, 1, NULL]::integer[]) WITH ORDINALITY AS u(t, p, n) "
+        "RETURNING payload ->> 'n', task, queue, priority, max_attempts"
+    )
+    rows = sorted(await cursor.fetchall(), key=lambda row: int(row[0]))
+    assert [row[1:] for row in rows] == [
+        ("mail", "mail", 7, 9),
+        ("bare", "default", 0, 6),
+        ("mail", "mail", 7, 9),
+        ("unknown", "default", 0, 6),
+        ("mail", "mail", 1, 9),
+        ("mail", "mail", 7, 9),
+    ]
+
+
+async def test_a_bulk_insert_after_a_registration_in_the_same_transaction_sees_it(
+    db_url: str, conn: Any
+) -> None:
+    # The defaults are kept per client statement: the next statement of the same transaction
+    # reads the task again, as the statements of version 12 did at every row.
+    await migrate(Settings.load(database_url=db_url), progress=lambda _: None)
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO notifyq.jobs (task, payload) "
+            "SELECT 'resize', '{}' FROM generate_series(1, 100)"
+        )
+        await conn.execute(
+            "INSERT INTO notifyq.tasks (name, max_attempts, options) "
+            """VALUES ('resize', 2, '{"queue": "images", "priority": 5}')"""
+        )
+        await conn.execute(
+            "INSERT INTO notifyq.jobs (task, payload) "
+            "SELECT 'resize', '{}' FROM generate_series(1, 100)"
+        )
+    cursor = await conn.execute(
+        "SELECT queue, priority, max_attempts, count(*) FROM notifyq.jobs "
+        "GROUP BY 1, 2, 3 ORDER BY 1"
+    )
+    assert await cursor.fetchall() == [("default", 0, 3, 100), ("images", 5, 2, 100)]
