@@ -84,6 +84,7 @@ def test_quick_bench_writes_json_and_cleans_up(tmp_path: Path) -> None:
         "throughput.one_vs_bare",
         "throughput.two",
         "throughput.two_vs_one",
+        "throughput.two_vs_bare_two",
         "throughput.bare_two",
         "throughput.bare_single",
         "throughput.single",

@@ -77,7 +77,7 @@ def run(ctx: Context) -> None:
 
     add("idle", "p50", "pickup latency, idle worker, 20 jobs/s: p50", 2.0)
     add("idle", "p95", "pickup latency, idle worker, 20 jobs/s: p95", None)
-    add("idle", "p99", "pickup latency, idle worker, 20 jobs/s: p99", 10.0)
+    add("idle", "p99", "pickup latency, idle worker, 20 jobs/s: p99", 5.0)
     add("burst", "p50", f"pickup latency, {s.burst} jobs back to back: p50", None)
     add("burst", "p99", f"pickup latency, {s.burst} jobs back to back: p99", 15.0)
     for name, peer in raw.get("peers", {}).items():
