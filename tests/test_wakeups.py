@@ -181,6 +181,26 @@ async def test_a_delayed_job_due_before_the_look_for_the_next_run_at_answers_sta
             await started_on_time(conn, job_id)
 
 
+async def test_an_idle_worker_runs_a_retry_that_another_worker_scheduled(
+    slow_poll: Settings, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # The first attempt runs on a draining worker, which stops before the retry is due; the
+    # idle worker has slept since before the retry existed, and must run it on time.
+    fail_now = anyio.Event()
+    tasks = first_attempt_fails(Backoff(base=2.0, factor=1.0, cap=2.0), fail_now)
+    job_id = await enqueue(conn, "SELECT notifyq.enqueue('flaky', '{}', max_attempts => 2)")
+    draining = Worker(slow_poll, tasks, burst=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(draining.run)
+        await wait_until(lambda: draining.running_jobs == 1)
+        async with running_worker(slow_poll, tasks) as sleeper:
+            await asleep(sleeper)
+            fail_now.set()
+            row = await started_on_time(conn, job_id)
+    assert row["worker_id"] == sleeper.id
+    assert [e["worker"] for e in row["errors"]] == [draining.id]
+
+
 async def test_an_idle_worker_runs_a_job_the_rescuer_put_back_at_once(
     slow_poll: Settings, conn: psycopg.AsyncConnection[Any]
 ) -> None:
