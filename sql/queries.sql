@@ -108,9 +108,10 @@ FROM notifyq.complete_and_claim_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::i
                                    %(results)b::jsonb[], %(tasks)b::text[], %(queues)b::text[],
                                    %(take)s, %(lease)s::float8)
 
--- Records failed attempts, one statement for a batch: see notifyq.fail_v3 (sql/005).
+-- Records failed attempts, one statement for a batch; a retry wakes the idle workers of its queue:
+-- see notifyq.fail_v4 (sql/016).
 -- name: fail_jobs
-SELECT id, status FROM notifyq.fail_v3(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+SELECT id, status FROM notifyq.fail_v4(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                               %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[])
 
 -- Puts jobs a stopping worker could not finish back in the queue at once, without counting the

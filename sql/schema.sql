@@ -1469,6 +1469,27 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.fail_v4(p_worker_id text, p_ids uuid[], p_claims integer[], p_errors text[], p_retryable boolean[], p_delays double precision[]) RETURNS TABLE(id uuid, status text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows record;
+BEGIN
+    SELECT array_agg(f.id) AS ids, array_agg(f.status) AS statuses,
+           array_agg(f.id) FILTER (WHERE f.status = 'queued') AS again
+    INTO v_rows
+    FROM notifyq.fail_v3(p_worker_id, p_ids, p_claims, p_errors, p_retryable, p_delays) AS f;
+    IF v_rows.again IS NOT NULL THEN
+        PERFORM notifyq.notify_queues_v1(ARRAY(SELECT DISTINCT j.queue FROM notifyq.jobs AS j
+                                               WHERE j.id = ANY(v_rows.again)));
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_rows.ids, v_rows.statuses);
+END;
+$$;
+
 CREATE FUNCTION notifyq.fill_defaults_v1() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'

@@ -454,6 +454,20 @@ async def test_scheduled_pages_follow_the_cursor_and_bad_input_is_a_422(
         assert "detail" in answer.json()
 
 
+@pytest.mark.parametrize("route", ["/jobs", "/scheduled"])
+async def test_a_cursor_the_route_did_not_give_out_is_a_422_that_names_the_route(
+    settings: Settings, route: str
+) -> None:
+    async with api(settings) as client:
+        answers = [
+            await client.get(route, params={"cursor": cursor})
+            for cursor in ("not-a-cursor", "bm9wZQ", "garbage!")
+        ]
+    for answer in answers:
+        assert answer.status_code == 422, answer.text
+        assert answer.json() == {"detail": f"cursor is not one that GET {route} gave out"}
+
+
 async def test_run_now_makes_a_job_due_later_due_and_a_worker_runs_it_at_once(
     settings: Settings, conn: Any
 ) -> None:

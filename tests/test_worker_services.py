@@ -212,9 +212,46 @@ async def test_a_producer_that_found_nothing_marks_itself_idle_and_claims_once_m
             await made._signals.idle.reached(2)
             ledger.stop()
     names = [name for name, _ in store.calls]
-    # Nothing; register as idle (the lock waited for inserts in flight); claim again; then
-    # the sleep looks for the next run_at.
-    assert names[:4] == ["claim", "mark_waiting", "claim", "seconds_to_next_job"]
+    # Look for the next run_at, claim: nothing; register as idle (the lock waited for inserts
+    # in flight); look and claim again; then sleep.
+    assert names[:5] == [
+        "seconds_to_next_job",
+        "claim",
+        "mark_waiting",
+        "seconds_to_next_job",
+        "claim",
+    ]
+
+
+async def test_the_claim_a_producer_sleeps_after_comes_after_its_look_for_the_next_run_at() -> None:
+    # A job that falls due between a claim and a look made after it is in neither: it was not
+    # due for the claim, and the look counts only jobs not due yet. So the look comes first.
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    store.claims = [[job(), job()]]
+    made, given = producer(store, ledger)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await made._signals.claimed.reached(1)
+            await anyio.wait_all_tasks_blocked()  # saturated: waits for a slot
+            for entry in given.entries:
+                ledger.begin(entry, anyio.CancelScope())
+                ledger.end(entry)
+            await made._signals.asleep.reached(1)
+            ledger.stop()
+    names = [name for name, _ in store.calls if name != "mark_waiting"]
+    # The backlog drains without a look; the claim that found it empty had none before it, so
+    # the producer looks and claims once more before it sleeps.
+    assert names == [
+        "seconds_to_next_job",
+        "claim",
+        "claim",
+        "seconds_to_next_job",
+        "claim",
+        "seconds_to_next_job",
+        "claim",
+    ]
 
 
 async def test_a_saturated_producer_clears_its_idle_mark_and_wakes_when_a_slot_frees() -> None:

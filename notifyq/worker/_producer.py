@@ -8,6 +8,11 @@ and again while a claim comes back full. Before it sleeps it registers the worke
 (:class:`IdleMark`), so that inserts of its queues notify, and claims once more under the lock
 that waits for inserts in flight (see notifyq.mark_waiting_v1): an insert that looked just before
 the registration, and did not notify, is seen then.
+
+The look for the next ``run_at`` comes before the claim that ends in a sleep, never after it: a
+job that falls due between the two statements is then due for the claim (or counted by the
+look), where a look made after the claim would leave it out (it is due already) while the claim
+found it not due yet, and the worker would sleep until its poll with the job due.
 """
 
 from __future__ import annotations
@@ -174,9 +179,12 @@ class Producer:
         runs)."""
         failures = 0
         ledger = self._ledger
+        # Whether the next claim may be the last before a sleep: then the look for the next
+        # run_at is made first (see the module's docstring). Not while a backlog drains.
+        look_first = True
         while not ledger.stopping:
-            # Taken before the claim: a wake-up that arrives while the claim runs sets this
-            # event, so the wait below returns at once instead of missing it.
+            # Taken before the look and the claim: a wake-up that arrives while they run sets
+            # this event, so the wait below returns at once instead of missing it.
             wake = ledger.wake.waiter
             if ledger.free == 0:
                 ledger.starve()
@@ -187,6 +195,7 @@ class Producer:
             await self._read_limits_if_due()
             if self._guarded and time.monotonic() >= self._next_probe:
                 await self._probe_breakers()
+            due_at = await self._look() if look_first else None
             # The slots a claim may fill are set aside while it runs: the outcome writer claims
             # too (in its completion statement), and must not fill the same ones.
             limited: list[ClaimedJob] = []
@@ -221,17 +230,22 @@ class Producer:
                 continue
             self._claimed(claimed, sent)
             if len(claimed) == limit:
+                look_first = False
                 continue
             if not claimed and not limited:
                 self._stats.empty_claims += 1
                 self._signals.idle.fire()
                 if self._burst and ledger.active == 0:
                     return
-            if not self._idle.sure and await self._idle.mark():
-                # Registered under the lock that waits for in-flight inserts: claim once more,
-                # as those inserts did not notify.
+            if not look_first:
+                # The backlog ran out, and no look came before this claim: look, claim again.
+                look_first = True
                 continue
-            await self._sleep(wake)
+            if not self._idle.sure and await self._idle.mark():
+                # Registered under the lock that waits for in-flight inserts: look and claim
+                # once more, as those inserts did not notify.
+                continue
+            await self._sleep(wake, due_at)
 
     # -- the outcome writer's claims (a Refill) ------------------------------------------------
 
@@ -339,19 +353,27 @@ class Producer:
         except NotifyQError as exc:
             logger.warning("circuit breaker probe failed: %s", exc)
 
-    async def _sleep(self, wake: anyio.Event) -> None:
-        """Waits for a wake-up, or as long as :func:`sleep_for` allows."""
+    async def _look(self) -> float | None:
+        """The monotonic time at which the next queued job that is not due yet falls due; None
+        when there is none (or the look failed: then the poll covers it)."""
         try:
             due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
-        except NotifyQError:
-            due = None
+        except NotifyQError as exc:
+            logger.debug("looking for the next run_at failed (%s); sleeping until the poll", exc)
+            return None
+        return None if due is None else time.monotonic() + due
+
+    async def _sleep(self, wake: anyio.Event, due_at: float | None) -> None:
+        """Waits for a wake-up, or as long as :func:`sleep_for` allows; ``due_at`` is what the
+        look made before the last claim answered."""
         timeout = sleep_for(
             poll_interval=self._poll_interval,
-            next_due=due,
+            next_due=None if due_at is None else due_at - time.monotonic(),
             probe_in=self._next_probe - time.monotonic() if self._guarded else None,
             unsure=self._idle.registered and not self._idle.sure,
             limited=self._limits_exist,
         )
+        self._signals.asleep.fire()
         with anyio.move_on_after(timeout) as waited:
             await wake.wait()
         if waited.cancelled_caught:

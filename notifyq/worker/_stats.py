@@ -62,6 +62,8 @@ class Signals:
     def __init__(self) -> None:
         #: The producer claimed and found nothing (it is about to sleep).
         self.idle = Pulse()
+        #: The producer began to wait for a wake-up, its next run_at or its poll.
+        self.asleep = Pulse()
         #: The producer claimed at least one job.
         self.claimed = Pulse()
         #: The writer wrote a batch of outcomes.

@@ -3,9 +3,7 @@ actions by filter. (Submitting is in :mod:`notifyq.api.fast`.)"""
 
 from __future__ import annotations
 
-import base64
 import json
-from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -15,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from notifyq.api.deps import StoreDep
 from notifyq.api.errors import NOT_FOUND, not_found
+from notifyq.api.paging import decode_cursor, encode_cursor
 from notifyq.api.schemas import (
     LIST_DATA_FIELDS,
     MAX_CONTAINS_LENGTH,
@@ -28,7 +27,7 @@ from notifyq.api.schemas import (
     RetryableStatus,
 )
 from notifyq.errors import InvalidJob
-from notifyq.models import MAX_GROUP_KEY_LENGTH, MAX_NAME_LENGTH, Job, JobStatus, encode_json
+from notifyq.models import MAX_GROUP_KEY_LENGTH, MAX_NAME_LENGTH, JobStatus, encode_json
 from notifyq.store import JobFilter
 
 router = APIRouter()
@@ -90,7 +89,7 @@ async def list_jobs(
     ] = None,
 ) -> Response:
     omitted = frozenset(LIST_DATA_FIELDS) - _included(include)
-    after = _decode_cursor(cursor) if cursor else None
+    after = decode_cursor(cursor, route="GET /jobs") if cursor else None
     if payload is not None:
         where = JobFilter(queue, task, group_key, _contains(payload, ("query", "payload")))
         found = await store.search_jobs(
@@ -98,9 +97,9 @@ async def list_jobs(
         )
         page = found.jobs[:limit]
         if len(found.jobs) > limit:
-            next_cursor: str | None = _encode_cursor(page[-1])
+            next_cursor: str | None = encode_cursor(page[-1].created_at, page[-1].id)
         elif found.scanned == SEARCH_SCAN and found.last is not None:
-            next_cursor = _cursor_of(*found.last)
+            next_cursor = encode_cursor(*found.last)
         else:
             next_cursor = None
         extra = f',"scanned":{found.scanned}'
@@ -114,7 +113,7 @@ async def list_jobs(
             after=after,
         )
         page = jobs[:limit]
-        next_cursor = _encode_cursor(page[-1]) if len(jobs) > limit else None
+        next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(jobs) > limit else None
         extra = ""
     cursor_json = f'"{next_cursor}"' if next_cursor else "null"  # base64: no escapes
     listed = ",".join(JobListed.json_of(job, omitted) for job in page)
@@ -308,21 +307,3 @@ def _check_contains_length(text: str, loc: tuple[str, str]) -> None:
                 }
             ]
         )
-
-
-def _encode_cursor(job: Job) -> str:
-    return _cursor_of(job.created_at, job.id)
-
-
-def _cursor_of(created_at: datetime, job_id: UUID) -> str:
-    raw = f"{created_at.isoformat()}|{job_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, job_id = raw.split("|")
-        return datetime.fromisoformat(created), UUID(job_id)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidJob("cursor is not one that GET /jobs gave out") from None

@@ -8,7 +8,6 @@ since a worker last registered the task, and that no worker enqueued, means none
 
 from __future__ import annotations
 
-import base64
 import re
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any
@@ -20,6 +19,7 @@ from fastapi.responses import JSONResponse
 
 from notifyq.api.deps import StoreDep
 from notifyq.api.errors import NOT_FOUND, not_found
+from notifyq.api.paging import decode_cursor, encode_cursor
 from notifyq.api.schemas import (
     ErrorOut,
     JobOut,
@@ -31,7 +31,6 @@ from notifyq.api.schemas import (
     TickOut,
     WaitReason,
 )
-from notifyq.errors import InvalidJob
 from notifyq.models import MAX_NAME_LENGTH
 
 router = APIRouter()
@@ -60,11 +59,11 @@ async def scheduled_jobs(
     """Queued jobs whose run_at is ahead: first runs set for later, retries waiting out their
     backoff, snoozed jobs. Jobs held back behind their group are not here (the Jobs page lists
     them as queued)."""
-    after = _decode_cursor(cursor) if cursor else None
+    after = decode_cursor(cursor, route="GET /scheduled") if cursor else None
     rows = await store.scheduled_jobs(queue=queue, task=task, limit=limit + 1, after=after)
     page = rows[:limit]
     now = rows[0]["now"] if rows else await store.database_now()
-    next_cursor = _cursor_of(page[-1]["run_at"], page[-1]["id"]) if len(rows) > limit else None
+    next_cursor = encode_cursor(page[-1]["run_at"], page[-1]["id"]) if len(rows) > limit else None
     return ScheduledPage(jobs=[_scheduled(row) for row in page], next_cursor=next_cursor, now=now)
 
 
@@ -246,17 +245,3 @@ def describe_cron(cron: str) -> str | None:
     if weekday == "*" and day.isdigit() and 1 <= int(day) <= 31:
         return f"on day {int(day)} of every month at {at}"
     return None
-
-
-def _cursor_of(run_at: datetime, job_id: UUID) -> str:
-    raw = f"{run_at.isoformat()}|{job_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        run_at, job_id = raw.split("|")
-        return datetime.fromisoformat(run_at), UUID(job_id)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidJob("cursor is not one that GET /scheduled gave out") from None
