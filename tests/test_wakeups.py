@@ -20,6 +20,7 @@ import pytest
 from notifyq import Queue, Snooze
 from notifyq.context import JobContext
 from notifyq.db import open_pool
+from notifyq.models import ClaimedJob
 from notifyq.retry import Backoff
 from notifyq.settings import Settings
 from notifyq.store import Store
@@ -39,8 +40,8 @@ def slow_poll(settings: Settings) -> Settings:
 
 
 class SlowLook(Store):
-    """The real store, whose look for the next run_at answers ``delay`` seconds late, as on a
-    loaded machine."""
+    """The real store, whose look for the next run_at (and the claim sent with it) answers
+    ``delay`` seconds late, as on a loaded machine."""
 
     def __init__(self, pool: Any, *, delay: float) -> None:
         super().__init__(pool)
@@ -51,6 +52,21 @@ class SlowLook(Store):
     ) -> float | None:
         await anyio.sleep(self._delay)
         return await super().seconds_to_next_job(tasks=tasks, queues=queues)
+
+    async def look_and_claim(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+    ) -> tuple[float | None, list[ClaimedJob]]:
+        answer = await super().look_and_claim(
+            worker_id=worker_id, tasks=tasks, queues=queues, limit=limit, lease=lease
+        )
+        await anyio.sleep(self._delay)
+        return answer
 
 
 def first_attempt_fails(backoff: Backoff, before_failing: anyio.Event | None = None) -> Registry:

@@ -72,6 +72,12 @@ class FakeStore:
         self.calls.append(("seconds_to_next_job", None))
         return None
 
+    async def look_and_claim(
+        self, *, limit: int, **_: Any
+    ) -> tuple[float | None, list[ClaimedJob]]:
+        # One pipeline in the real store: the look, then the claim.
+        return await self.seconds_to_next_job(), await self.claim(limit=limit)
+
     async def limits_exist(self, tasks: Sequence[str]) -> bool:
         return False
 

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from psycopg.rows import kwargs_row, scalar_row, tuple_row
 
 from notifyq.models import (
@@ -23,7 +24,7 @@ from notifyq.models import (
     Success,
     TaskRegistration,
 )
-from notifyq.store._runner import _JOB_ID_INT, WRITE_CHUNK, Runner, fields_row
+from notifyq.store._runner import _JOB_ID_INT, WRITE_CHUNK, Conn, Runner, fields_row
 
 _CLAIMED = fields_row(ClaimedJob)
 _RESCUED = kwargs_row(Rescued.of)
@@ -53,6 +54,42 @@ class Working(Runner):
             "probe": probe,
         }
         return await self._all("claim_jobs", params, _CLAIMED, what="claiming jobs")
+
+    async def look_and_claim(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+    ) -> tuple[float | None, list[ClaimedJob]]:
+        """:meth:`seconds_to_next_job`, then :meth:`claim`, sent together in one pipeline: the
+        look comes first without a round trip of its own before the claim. Answers both."""
+        look_params = {"tasks": list(tasks), "queues": None if queues is None else list(queues)}
+        claim_params: dict[str, Any] = {
+            **look_params,
+            "worker_id": worker_id,
+            "limit": limit,
+            "lease": lease,
+            "probe": False,
+        }
+        look_query, claim_query = self._q["seconds_to_next_job"], self._q["claim_jobs"]
+
+        async def on(c: Conn) -> tuple[float | None, list[ClaimedJob]]:
+            look = c.cursor(row_factory=tuple_row)
+            claim = c.cursor(row_factory=_CLAIMED)
+            if psycopg.Pipeline.is_supported():
+                async with c.pipeline():
+                    await look.execute(look_query, look_params)
+                    await claim.execute(claim_query, claim_params)
+            else:  # a libpq older than 14: two round trips, in the same order
+                await look.execute(look_query, look_params)
+                await claim.execute(claim_query, claim_params)
+            row = await look.fetchone()
+            return (None if row is None else row[0]), await claim.fetchall()
+
+        return await self._on_connection(on, what="claiming jobs", conn=None)
 
     async def claim_limited(
         self,

@@ -12,7 +12,8 @@ the registration, and did not notify, is seen then.
 The look for the next ``run_at`` comes before the claim that ends in a sleep, never after it: a
 job that falls due between the two statements is then due for the claim (or counted by the
 look), where a look made after the claim would leave it out (it is due already) while the claim
-found it not due yet, and the worker would sleep until its poll with the job due.
+found it not due yet, and the worker would sleep until its poll with the job due. The two are
+sent together, in one pipeline (``look_and_claim``), so the look costs a wake-up no round trip.
 """
 
 from __future__ import annotations
@@ -195,7 +196,6 @@ class Producer:
             await self._read_limits_if_due()
             if self._guarded and time.monotonic() >= self._next_probe:
                 await self._probe_breakers()
-            due_at = await self._look() if look_first else None
             # The slots a claim may fill are set aside while it runs: the outcome writer claims
             # too (in its completion statement), and must not fill the same ones.
             limited: list[ClaimedJob] = []
@@ -206,18 +206,31 @@ class Producer:
                 self._start(limited, sent)
             claimed: list[ClaimedJob] | None = None
             failure: NotifyQError | None = None
+            due_at: float | None = None
             sent = time.monotonic()
             with ledger.reserving(MAX_CLAIM_BATCH) as limit:
                 if limit == 0:
                     continue
                 try:
-                    claimed = await self._store.claim(
-                        worker_id=self._worker_id,
-                        tasks=self._tasks,
-                        queues=self._queues,
-                        limit=limit,
-                        lease=self._lease,
-                    )
+                    if look_first:
+                        # The look and the claim go out together: no round trip between a
+                        # wake-up and its claim.
+                        due, claimed = await self._store.look_and_claim(
+                            worker_id=self._worker_id,
+                            tasks=self._tasks,
+                            queues=self._queues,
+                            limit=limit,
+                            lease=self._lease,
+                        )
+                        due_at = None if due is None else sent + due
+                    else:
+                        claimed = await self._store.claim(
+                            worker_id=self._worker_id,
+                            tasks=self._tasks,
+                            queues=self._queues,
+                            limit=limit,
+                            lease=self._lease,
+                        )
                     failures = 0
                 except NotifyQError as exc:
                     failure = exc
@@ -352,16 +365,6 @@ class Producer:
                 self._start(claimed, sent)
         except NotifyQError as exc:
             logger.warning("circuit breaker probe failed: %s", exc)
-
-    async def _look(self) -> float | None:
-        """The monotonic time at which the next queued job that is not due yet falls due; None
-        when there is none (or the look failed: then the poll covers it)."""
-        try:
-            due = await self._store.seconds_to_next_job(tasks=self._tasks, queues=self._queues)
-        except NotifyQError as exc:
-            logger.debug("looking for the next run_at failed (%s); sleeping until the poll", exc)
-            return None
-        return None if due is None else time.monotonic() + due
 
     async def _sleep(self, wake: anyio.Event, due_at: float | None) -> None:
         """Waits for a wake-up, or as long as :func:`sleep_for` allows; ``due_at`` is what the

@@ -46,6 +46,16 @@ class WorkerStore(Protocol):
         probe: bool = False,
     ) -> list[ClaimedJob]: ...
 
+    async def look_and_claim(
+        self,
+        *,
+        worker_id: str,
+        tasks: Sequence[str],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease: float,
+    ) -> tuple[float | None, list[ClaimedJob]]: ...
+
     async def claim_limited(
         self,
         *,
