@@ -238,6 +238,32 @@ async def test_a_saturated_producer_clears_its_idle_mark_and_wakes_when_a_slot_f
     assert ledger.wake.reason is not WakeReason.START
 
 
+async def test_a_producer_whose_slots_are_set_aside_for_a_completions_claim_keeps_its_mark() -> (
+    None
+):
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    made, _ = producer(store, ledger)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await made._signals.idle.reached(2)  # nothing; registered; nothing again
+            claim = made.reserve()  # the outcome writer claims for every free slot
+            assert claim is not None and ledger.free == 0 and ledger.reserved == 2
+            ledger.wake.signal(WakeReason.NOTIFY)  # a job came in meanwhile
+            await anyio.wait_all_tasks_blocked()
+            made.hand_over(claim, [], time.monotonic())  # that claim found nothing
+            assert ledger.reserved == 0
+            await made._signals.idle.reached(3)  # the producer claims the job itself
+            ledger.stop()
+    names = [name for name, _ in store.calls]
+    # Not busy, only waiting for a claim's answer: no unmark, and no second registration (with
+    # its claim once more) after.
+    assert "unmark_waiting" not in names
+    assert names.count("mark_waiting") == 1
+    assert names.count("claim") == 3
+
+
 # -- the ledger --------------------------------------------------------------------------------
 
 

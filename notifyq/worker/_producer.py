@@ -180,8 +180,11 @@ class Producer:
             wake = ledger.wake.waiter
             if ledger.free == 0:
                 ledger.starve()
-                if self._idle.registered:
+                if self._idle.registered and ledger.reserved == 0:
                     await self._idle.clear()  # a busy worker claims as slots free
+                # Slots only set aside for the outcome writer's claim, which is answered in a
+                # moment: the worker is not busy, and its mark stays (inserts keep waking it, and
+                # it need not register again under the lock, and claim once more, after).
                 await wake.wait()
                 continue
             await self._read_limits_if_due()
