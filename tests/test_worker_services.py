@@ -9,6 +9,7 @@ the suite tests (tests/test_worker.py and friends).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Container, Iterable, Sequence
@@ -73,6 +74,7 @@ class FakeStore:
         return None
 
     async def limits_exist(self, tasks: Sequence[str]) -> bool:
+        self.calls.append(("limits_exist", None))
         return False
 
     async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
@@ -155,8 +157,15 @@ class Given:
         self.entries.append(entry)
 
 
-def producer(store: FakeStore, ledger: Ledger, *, burst: bool = False) -> tuple[Producer, Given]:
-    given = Given()
+def producer(
+    store: FakeStore,
+    ledger: Ledger,
+    *,
+    burst: bool = False,
+    given: Given | None = None,
+    limits_interval: float = 60,
+) -> tuple[Producer, Given]:
+    given = given if given is not None else Given()
     idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
     made = Producer(
         store,  # type: ignore[arg-type]
@@ -171,7 +180,7 @@ def producer(store: FakeStore, ledger: Ledger, *, burst: bool = False) -> tuple[
         poll_interval=30,
         guarded=[],
         limits_exist=False,
-        limits_interval=60,
+        limits_interval=limits_interval,
         burst=burst,
         stats=WorkerStats(),
         signals=Signals(),
@@ -262,6 +271,49 @@ async def test_a_producer_whose_slots_are_set_aside_for_a_completions_claim_keep
     assert "unmark_waiting" not in names
     assert names.count("mark_waiting") == 1
     assert names.count("claim") == 3
+
+
+class Started(Given):
+    """A stand-in for the runners that starts each job in a task of its own, as they do: the
+    start goes in the store's calls, to be seen among the statements."""
+
+    def __init__(self, store: FakeStore) -> None:
+        super().__init__()
+        self.store = store
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def give(self, entry: Any) -> None:
+        super().give(entry)
+        self.queue.put_nowait(entry)
+
+    async def run(self) -> None:
+        while True:
+            await self.queue.get()
+            self.store.calls.append(("handler", None))
+
+
+async def test_a_claimed_job_starts_before_the_producer_sends_its_next_statement() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    store.claims = [[], [], [job()]]
+    started = Started(store)
+    made, _ = producer(store, ledger, given=started, limits_interval=0)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(started.run)
+            tg.start_soon(made.run)
+            await made._signals.idle.reached(2)  # nothing; registered; nothing again
+            ledger.wake.signal(WakeReason.NOTIFY)  # a job came in
+            await made._signals.claimed.reached(1)
+            await anyio.wait_all_tasks_blocked()
+            ledger.stop()
+            tg.cancel_scope.cancel()
+    names = [name for name, _ in store.calls]
+    woken = names.index("claim", names.index("mark_waiting") + 2)
+    # Woken, it claims at once (limits are read after a claim, not before); the handler starts
+    # before the next statement (the limits, the next run_at) goes out.
+    assert names[woken - 1] != "limits_exist"
+    assert names[woken + 1] == "handler"
 
 
 # -- the ledger --------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 import anyio
+import anyio.lowlevel
 
 from notifyq.errors import NotifyQError
 from notifyq.models import ClaimedJob, ClaimRequest
@@ -187,7 +188,6 @@ class Producer:
                 # it need not register again under the lock, and claim once more, after).
                 await wake.wait()
                 continue
-            await self._read_limits_if_due()
             if self._guarded and time.monotonic() >= self._next_probe:
                 await self._probe_breakers()
             # The slots a claim may fill are set aside while it runs: the outcome writer claims
@@ -223,6 +223,11 @@ class Producer:
                     await wake.wait()
                 continue
             self._claimed(claimed, sent)
+            if claimed:
+                # The runners call the handlers before this producer sends its next statement.
+                await anyio.lowlevel.checkpoint()
+            # Not between a wake-up and its claim: the jobs are with the runners already.
+            await self._read_limits_if_due()
             if len(claimed) == limit:
                 continue
             if not claimed and not limited:
