@@ -251,14 +251,14 @@ async def test_a_producer_whose_slots_are_set_aside_for_a_completions_claim_keep
     None
 ):
     store = FakeStore()
-    ledger = Ledger(concurrency=2)
+    ledger = Ledger(concurrency=1)
     made, _ = producer(store, ledger)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(made.run)
             await made._signals.idle.reached(2)  # nothing; registered; nothing again
-            claim = made.reserve()  # the outcome writer claims for every free slot
-            assert claim is not None and ledger.free == 0 and ledger.reserved == 2
+            claim = made.reserve()  # the outcome writer claims for the only slot
+            assert claim is not None and ledger.free == 0 and ledger.reserved == 1
             ledger.wake.signal(WakeReason.NOTIFY)  # a job came in meanwhile
             await anyio.wait_all_tasks_blocked()
             made.hand_over(claim, [], time.monotonic())  # that claim found nothing
@@ -504,6 +504,23 @@ async def test_a_completion_claims_nothing_without_a_free_slot_in_burst_mode_or_
     stopping, made, _, _ = refilled(FakeStore(), 2)
     stopping.stop()
     assert made.reserve() is None and stopping.free == 2
+
+
+async def test_a_completion_of_an_idle_worker_leaves_one_slot_for_the_producers_own_claim() -> None:
+    store = FakeStore()
+    ledger, made, _, _ = refilled(store, 3)
+    busy = made.reserve()  # not marked idle: every free slot
+    assert busy is not None and busy.limit == 3
+    made.hand_over(busy, [], time.monotonic())
+    await made._idle.mark()
+    idle = made.reserve()
+    assert idle is not None and idle.limit == 2 and ledger.free == 1
+    made.hand_over(idle, [], time.monotonic())
+    one = Ledger(concurrency=1)
+    alone, _ = producer(FakeStore(), one)
+    await alone._idle.mark()
+    only = alone.reserve()  # a single slot is the completion's to claim
+    assert only is not None and only.limit == 1
 
 
 async def test_jobs_a_completion_claimed_while_the_worker_began_to_stop_go_back_at_once() -> None:

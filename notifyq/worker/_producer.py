@@ -245,11 +245,18 @@ class Producer:
 
     def reserve(self) -> ClaimRequest | None:
         """A claim for the outcome writer's next completion statement: the free slots, set
-        aside until :meth:`hand_over`. None in burst mode (a draining worker claims only here,
-        where it decides when it is done) and while the worker stops."""
+        aside until :meth:`hand_over`, but one while the worker is marked idle. None in burst
+        mode (a draining worker claims only here, where it decides when it is done) and while
+        the worker stops."""
         if self._burst:
             return None
-        limit = self._ledger.reserve(MAX_CLAIM_BATCH)
+        wanted = MAX_CLAIM_BATCH
+        if self._idle.registered and self._ledger.free > 1:
+            # An idle worker's next job comes with a notification, which may arrive while this
+            # statement runs: the slot left lets the producer claim it at once, instead of
+            # waiting for this statement's answer and then claiming.
+            wanted = min(wanted, self._ledger.free - 1)
+        limit = self._ledger.reserve(wanted)
         if limit == 0:
             return None
         return ClaimRequest(self._tasks, self._queues, limit, self._lease)
