@@ -9,6 +9,7 @@ the suite tests (tests/test_worker.py and friends).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Container, Iterable, Sequence
@@ -79,6 +80,7 @@ class FakeStore:
         return await self.seconds_to_next_job(), await self.claim(limit=limit)
 
     async def limits_exist(self, tasks: Sequence[str]) -> bool:
+        self.calls.append(("limits_exist", None))
         return False
 
     async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
@@ -161,8 +163,15 @@ class Given:
         self.entries.append(entry)
 
 
-def producer(store: FakeStore, ledger: Ledger, *, burst: bool = False) -> tuple[Producer, Given]:
-    given = Given()
+def producer(
+    store: FakeStore,
+    ledger: Ledger,
+    *,
+    burst: bool = False,
+    given: Given | None = None,
+    limits_interval: float = 60,
+) -> tuple[Producer, Given]:
+    given = given if given is not None else Given()
     idle = IdleMark(store, worker_id="w", queues=None, ttl=30)  # type: ignore[arg-type]
     made = Producer(
         store,  # type: ignore[arg-type]
@@ -177,7 +186,7 @@ def producer(store: FakeStore, ledger: Ledger, *, burst: bool = False) -> tuple[
         poll_interval=30,
         guarded=[],
         limits_exist=False,
-        limits_interval=60,
+        limits_interval=limits_interval,
         burst=burst,
         stats=WorkerStats(),
         signals=Signals(),
@@ -279,6 +288,76 @@ async def test_a_saturated_producer_clears_its_idle_mark_and_wakes_when_a_slot_f
             await made._signals.idle.reached(2)
             ledger.stop()
     assert ledger.wake.reason is not WakeReason.START
+
+
+async def test_a_producer_whose_slots_are_set_aside_for_a_completions_claim_keeps_its_mark() -> (
+    None
+):
+    store = FakeStore()
+    ledger = Ledger(concurrency=1)
+    made, _ = producer(store, ledger)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await made._signals.idle.reached(2)  # nothing; registered; nothing again
+            claim = made.reserve()  # the outcome writer claims for the only slot
+            assert claim is not None and ledger.free == 0 and ledger.reserved == 1
+            ledger.wake.signal(WakeReason.NOTIFY)  # a job came in meanwhile
+            await anyio.wait_all_tasks_blocked()
+            made.hand_over(claim, [], time.monotonic())  # that claim found nothing
+            assert ledger.reserved == 0
+            await made._signals.idle.reached(3)  # the producer claims the job itself
+            ledger.stop()
+    names = [name for name, _ in store.calls]
+    # Not busy, only waiting for a claim's answer: no unmark, and no second registration (with
+    # its claim once more) after.
+    assert "unmark_waiting" not in names
+    assert names.count("mark_waiting") == 1
+    assert names.count("claim") == 3
+
+
+class Started(Given):
+    """A stand-in for the runners that starts each job in a task of its own, as they do: the
+    start goes in the store's calls, to be seen among the statements."""
+
+    def __init__(self, store: FakeStore) -> None:
+        super().__init__()
+        self.store = store
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def give(self, entry: Any) -> None:
+        super().give(entry)
+        self.queue.put_nowait(entry)
+
+    async def run(self) -> None:
+        while True:
+            await self.queue.get()
+            self.store.calls.append(("handler", None))
+
+
+async def test_a_claimed_job_starts_before_the_producer_sends_its_next_statement() -> None:
+    store = FakeStore()
+    ledger = Ledger(concurrency=2)
+    store.claims = [[], [], [job()]]
+    started = Started(store)
+    made, _ = producer(store, ledger, given=started, limits_interval=0)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(started.run)
+            tg.start_soon(made.run)
+            await made._signals.idle.reached(2)  # nothing; registered; nothing again
+            ledger.wake.signal(WakeReason.NOTIFY)  # a job came in
+            await made._signals.claimed.reached(1)
+            await anyio.wait_all_tasks_blocked()
+            ledger.stop()
+            tg.cancel_scope.cancel()
+    names = [name for name, _ in store.calls]
+    # The third claim: nothing; registered, nothing again; then the one the notification woke.
+    woken = [i for i, name in enumerate(names) if name == "claim"][2]
+    # Woken, it claims at once (limits are read after a claim, not before); the handler starts
+    # before the next statement (the limits, the next run_at) goes out.
+    assert names[woken - 1] != "limits_exist"
+    assert names[woken + 1] == "handler", names
 
 
 # -- the ledger --------------------------------------------------------------------------------
@@ -469,6 +548,23 @@ async def test_a_completion_claims_nothing_without_a_free_slot_in_burst_mode_or_
     stopping, made, _, _ = refilled(FakeStore(), 2)
     stopping.stop()
     assert made.reserve() is None and stopping.free == 2
+
+
+async def test_a_completion_of_an_idle_worker_leaves_one_slot_for_the_producers_own_claim() -> None:
+    store = FakeStore()
+    ledger, made, _, _ = refilled(store, 3)
+    busy = made.reserve()  # not marked idle: every free slot
+    assert busy is not None and busy.limit == 3
+    made.hand_over(busy, [], time.monotonic())
+    await made._idle.mark()
+    idle = made.reserve()
+    assert idle is not None and idle.limit == 2 and ledger.free == 1
+    made.hand_over(idle, [], time.monotonic())
+    one = Ledger(concurrency=1)
+    alone, _ = producer(FakeStore(), one)
+    await alone._idle.mark()
+    only = alone.reserve()  # a single slot is the completion's to claim
+    assert only is not None and only.limit == 1
 
 
 async def test_jobs_a_completion_claimed_while_the_worker_began_to_stop_go_back_at_once() -> None:

@@ -123,6 +123,7 @@ class Ledger:
     def __init__(self, concurrency: int) -> None:
         self._entries: dict[UUID, Entry] = {}
         self._free = concurrency
+        self._reserved = 0
         self._active = 0
         self._starved = False
         #: Set when the last active job ends; made only while someone waits for that (a job
@@ -141,6 +142,12 @@ class Ledger:
         return self._free
 
     @property
+    def reserved(self) -> int:
+        """Slots set aside for claims in flight (:meth:`reserve`): free again, or taken by the
+        jobs those claims bring, once they are answered."""
+        return self._reserved
+
+    @property
     def active(self) -> int:
         """Jobs given to runners whose runner has not finished them."""
         return self._active
@@ -151,12 +158,14 @@ class Ledger:
         :meth:`take` for the jobs that claim brings, and given back by :meth:`unreserve`."""
         reserved = min(self._free, wanted) if not self.stopping else 0
         self._free -= reserved
+        self._reserved += reserved
         return reserved
 
     def unreserve(self, reserved: int) -> None:
         """Gives back slots set aside by :meth:`reserve` (call it before taking the jobs their
         claim brought): a producer that waits for a slot is woken if one stays free."""
         self._free += reserved
+        self._reserved -= reserved
 
     @contextlib.contextmanager
     def reserving(self, wanted: int) -> Iterator[int]:

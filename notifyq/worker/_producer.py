@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 import anyio
+import anyio.lowlevel
 
 from notifyq.errors import NotifyQError
 from notifyq.models import ClaimedJob, ClaimRequest
@@ -189,11 +190,13 @@ class Producer:
             wake = ledger.wake.waiter
             if ledger.free == 0:
                 ledger.starve()
-                if self._idle.registered:
+                if self._idle.registered and ledger.reserved == 0:
                     await self._idle.clear()  # a busy worker claims as slots free
+                # Slots only set aside for the outcome writer's claim, which is answered in a
+                # moment: the worker is not busy, and its mark stays (inserts keep waking it, and
+                # it need not register again under the lock, and claim once more, after).
                 await wake.wait()
                 continue
-            await self._read_limits_if_due()
             if self._guarded and time.monotonic() >= self._next_probe:
                 await self._probe_breakers()
             # The slots a claim may fill are set aside while it runs: the outcome writer claims
@@ -242,6 +245,11 @@ class Producer:
                     await wake.wait()
                 continue
             self._claimed(claimed, sent)
+            if claimed:
+                # The runners call the handlers before this producer sends its next statement.
+                await anyio.lowlevel.checkpoint()
+            # Not between a wake-up and its claim: the jobs are with the runners already.
+            await self._read_limits_if_due()
             if len(claimed) == limit:
                 look_first = False
                 continue
@@ -264,11 +272,18 @@ class Producer:
 
     def reserve(self) -> ClaimRequest | None:
         """A claim for the outcome writer's next completion statement: the free slots, set
-        aside until :meth:`hand_over`. None in burst mode (a draining worker claims only here,
-        where it decides when it is done) and while the worker stops."""
+        aside until :meth:`hand_over`, but one while the worker is marked idle. None in burst
+        mode (a draining worker claims only here, where it decides when it is done) and while
+        the worker stops."""
         if self._burst:
             return None
-        limit = self._ledger.reserve(MAX_CLAIM_BATCH)
+        wanted = MAX_CLAIM_BATCH
+        if self._idle.registered and self._ledger.free > 1:
+            # An idle worker's next job comes with a notification, which may arrive while this
+            # statement runs: the slot left lets the producer claim it at once, instead of
+            # waiting for this statement's answer and then claiming.
+            wanted = min(wanted, self._ledger.free - 1)
+        limit = self._ledger.reserve(wanted)
         if limit == 0:
             return None
         return ClaimRequest(self._tasks, self._queues, limit, self._lease)
