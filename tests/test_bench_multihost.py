@@ -129,6 +129,18 @@ def test_a_run_after_a_live_completion_is_not_a_stale_completion_but_a_double_ru
     assert judged["run_twice_by_live_worker"] == 1
 
 
+def test_lan_delay_defaults_to_a_lans_round_trip_and_rejects_nonsense(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from notifyq_bench import runner
+
+    assert runner.build_parser().parse_args([]).lan_delay == 0.2
+    assert runner.build_parser().parse_args(["--lan-delay", "0"]).lan_delay == 0
+    for bad in ("-0.1", "nan", "inf"):
+        assert runner.main(["--lan-delay", bad, "--scenario", "multihost"]) == runner.EXIT_USAGE
+        assert "--lan-delay" in capsys.readouterr().err
+
+
 # -- the delay relay (loopback: no namespaces needed) ---------------------------------------------
 
 

@@ -206,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeat is not None and args.repeat < 1:
         print("notifyq bench: error: --repeat must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    if not args.lan_delay >= 0:
-        print("notifyq bench: error: --lan-delay must be 0 or more (ms)", file=sys.stderr)
+    if not 0 <= args.lan_delay <= 1000:
+        print("notifyq bench: error: --lan-delay must be from 0 to 1000 (ms)", file=sys.stderr)
         return EXIT_USAGE
     if args.plot is not None:
         missing = matplotlib_missing()
