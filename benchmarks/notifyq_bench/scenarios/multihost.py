@@ -325,11 +325,11 @@ def _add_delay(ctx: Context, net: Network, server: BenchServer) -> Lan:
         return Lan("netem", one_way)
     no_relay = lanrelay.unavailable()
     if no_relay is not None:
-        return Lan("none", 0.0, f"no netem ({no_netem}) and {no_relay}")
+        return Lan("none", 0.0, f"no netem here (tc: {no_netem}) and {no_relay}")
     try:
         binary = lanrelay.build(Path(ctx.workdir))
     except BenchError as exc:
-        return Lan("none", 0.0, f"no netem ({no_netem}) and {exc}")
+        return Lan("none", 0.0, f"no netem here (tc: {no_netem}) and {exc}")
     relay = lanrelay.Relay.start(
         ctx.children,
         binary,
@@ -338,7 +338,7 @@ def _add_delay(ctx: Context, net: Network, server: BenchServer) -> Lan:
         [(net.server_address, 0) for _ in net.hosts],
         name="multihost-lanrelay",
     )
-    return Lan("relay", one_way, f"no netem ({no_netem})", relay)
+    return Lan("relay", one_way, f"no netem here (tc: {no_netem})", relay)
 
 
 def run(ctx: Context) -> None:
@@ -367,6 +367,9 @@ def run_plan(ctx: Context, plan: Plan) -> None:
                 straight = _rtt(net.hosts[0], server, [server.url_without_password("postgres")])
                 lan = _add_delay(ctx, net, server)
                 _measure(ctx, plan, net, server, url, lan, straight[0])
+                if lan.relay is not None and NAME in ctx.results.raw:
+                    # What the relay cost the machine's (shared) cores over the whole run.
+                    ctx.results.raw[NAME]["relay_cpu_s"] = lan.relay.child.cpu()
             finally:
                 if lan is not None and lan.relay is not None:
                     lan.relay.stop(ctx.children)
@@ -401,7 +404,7 @@ def _measure(
     added = rtt["p50_ms"] - straight["p50_ms"]
     how = {
         "netem": f"netem, {lan.one_way_ms:g} ms at each end of each host's veth",
-        "relay": f"the bench's delay relay ({lan.why_none}), {lan.one_way_ms:g} ms each way",
+        "relay": f"the bench's delay relay, {lan.one_way_ms:g} ms each way; {lan.why_none}",
         "none": f"none ({lan.why_none})",
     }[lan.mode]
     raw: dict[str, Any] = {
