@@ -9,11 +9,16 @@ from this checkout.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ from tests.helpers import ROOT
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from notifyq_bench import netns
+from notifyq_bench import lanrelay, netns
 from notifyq_bench.harness import Children, Progress
 from notifyq_bench.report import Results
 from notifyq_bench.scenarios import SCENARIOS, Context, Sizes
@@ -124,6 +129,116 @@ def test_a_run_after_a_live_completion_is_not_a_stale_completion_but_a_double_ru
     assert judged["run_twice_by_live_worker"] == 1
 
 
+def test_lan_delay_defaults_to_a_lans_round_trip_and_rejects_nonsense(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from notifyq_bench import runner
+
+    assert runner.build_parser().parse_args([]).lan_delay == 0.2
+    assert runner.build_parser().parse_args(["--lan-delay", "0"]).lan_delay == 0
+    for bad in ("-0.1", "nan", "inf"):
+        assert runner.main(["--lan-delay", bad, "--scenario", "multihost"]) == runner.EXIT_USAGE
+        assert "--lan-delay" in capsys.readouterr().err
+
+
+# -- the delay relay (loopback: no namespaces needed) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def relay_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    why = lanrelay.unavailable()
+    if why is not None:
+        pytest.skip(f"the delay relay cannot be built here: {why}")
+    return lanrelay.build(tmp_path_factory.mktemp("lanrelay"))
+
+
+class EchoServer:
+    """A loopback TCP server: echoes, or (``sink``) reads everything, then answers with the
+    byte count and a large payload of its own and half-closes."""
+
+    def __init__(self, reply: bytes = b"") -> None:
+        self.reply = reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        self.received = bytearray()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            if not self.reply:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+                return
+            while data := conn.recv(65536):
+                self.received += data
+            conn.sendall(self.reply)
+            conn.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._thread.join(30)
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def _relay(binary: Path, tmp_path: Path, server: EchoServer, one_way_ms: float) -> Iterator[int]:
+    children = Children(tmp_path)
+    try:
+        relay = lanrelay.Relay.start(
+            children, binary, one_way_ms, ("127.0.0.1", server.port), [("127.0.0.1", 0)]
+        )
+        yield relay.ports[0]
+    finally:
+        children.stop_all()
+        server.close()
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    out = bytearray()
+    while data := sock.recv(1 << 20):
+        out += data
+    return bytes(out)
+
+
+def test_the_relay_forwards_a_large_payload_both_ways_in_order_and_passes_a_half_close(
+    relay_binary: Path, tmp_path: Path
+) -> None:
+    # 6 MiB each way, more than the relay queues per direction (4 MiB).
+    up = os.urandom(6 << 20)
+    down = os.urandom(6 << 20)
+    server = EchoServer(reply=down)
+    with _relay(relay_binary, tmp_path, server, 0.1) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sender = threading.Thread(target=sock.sendall, args=(up,))
+            sender.start()
+            sender.join(30)
+            sock.shutdown(socket.SHUT_WR)  # half-close: the answer must still come back
+            got = _recv_all(sock)
+    assert bytes(server.received) == up
+    assert got == down
+
+
+def test_the_relay_adds_the_delay_and_not_much_more(relay_binary: Path, tmp_path: Path) -> None:
+    server = EchoServer()
+    samples = []
+    with _relay(relay_binary, tmp_path, server, 0.1) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(220):
+                t = time.perf_counter()
+                sock.sendall(b"x" * 64)
+                got = b""
+                while len(got) < 64:
+                    got += sock.recv(64 - len(got))
+                samples.append((time.perf_counter() - t) * 1000)
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1) == b""  # the echo server's EOF, passed on by the relay
+    p50 = sorted(samples[20:])[100]
+    assert 0.2 <= p50 <= 2.0, f"p50 {p50:.3f} ms through a relay of 0.1 ms each way"
+
+
 def _ours() -> tuple[list[str], str]:
     """This process's namespaces, and its bridges' listing."""
     pid = os.getpid()
@@ -166,6 +281,9 @@ def test_a_small_multihost_run_measures_the_partition_and_leaves_nothing_behind(
     figures = {f.key: f for f in results.figures}
     for key in (
         "multihost.rtt.p50",
+        "multihost.rtt.p99",
+        "multihost.rtt.straight.p50",
+        "multihost.rtt.added",
         "multihost.h1.throughput",
         "multihost.h2.throughput",
         "multihost.h2.pickup.p99",
@@ -188,7 +306,18 @@ def test_a_small_multihost_run_measures_the_partition_and_leaves_nothing_behind(
     assert part["statuses"] == {"completed": part["inserted"]}
     assert part["runs"] >= part["inserted"]
     assert part["completed_without_a_recorded_run"] == 0
-    assert any("no delay added" in note for note in results.notes)
+    # The links got their 0.2 ms (netem or the relay, 0.1 ms each way), measured and reported.
+    # Without netem and a C compiler the links stay bare, and a note says so.
+    raw = results.raw["multihost"]
+    assert figures["multihost.rtt.straight.p50"].median > 0
+    if raw["lan_delay_by"] == "none":
+        assert lanrelay.unavailable() is not None, raw["lan_delay"]
+        assert any("no delay added" in note for note in results.notes)
+    else:
+        assert raw["lan_delay_by"] in ("netem", "relay")
+        assert figures["multihost.rtt.p50"].median >= 0.2
+        assert figures["multihost.rtt.added"].median >= 0.1
+        assert any("round trip added to the links" in note for note in results.notes)
 
     mine, bridges = _ours()
     assert mine == []

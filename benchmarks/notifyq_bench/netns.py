@@ -139,6 +139,31 @@ class Network:
         ip("link", "set", host.veth, "up")
         return host
 
+    def add_delay(self, one_way_ms: float) -> str | None:
+        """Delays every packet by ``one_way_ms`` at both ends of each host's link (netem on the
+        bridge's veth and on the host's eth0), or says why it could not (most often: the
+        kernel has no netem) and leaves the links bare."""
+        if shutil.which("tc") is None:
+            return "the tc command (iproute2) is not installed"
+        delay = f"{one_way_ms * 1000:.1f}us"
+        done: list[list[str]] = []
+        for host in self.hosts:
+            for where in (["tc"], host.command(["tc"])):
+                dev = host.veth if where == ["tc"] else "eth0"
+                result = subprocess.run(
+                    [*where, "qdisc", "add", "dev", dev, "root", "netem", "delay", delay],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=False,
+                )
+                if result.returncode != 0:
+                    for undo in done:
+                        subprocess.run(undo, capture_output=True, timeout=30, check=False)
+                    return result.stderr.strip() or f"tc exited with {result.returncode}"
+                done.append([*where, "qdisc", "del", "dev", dev, "root"])
+        return None
+
     def cut(self, host: Host) -> None:
         """Partitions ``host``: its link goes down on this side, so its packets are dropped
         silently (no reset, no error), as when a switch port or a cable fails."""

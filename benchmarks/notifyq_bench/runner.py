@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run the installed peers (PgQueuer, procrastinate) in the throughput and "
         f"latency scenarios, each on a scratch database of its own ({INSTALL_HINT})",
     )
+    parser.add_argument(
+        "--lan-delay",
+        type=float,
+        default=0.2,
+        metavar="MS",
+        help="round trip added to each multihost host's link, half each way, as a real LAN has "
+        "(default 0.2; 0: none): netem when the kernel has it, else the bench's delay relay",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
@@ -167,6 +175,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--plot", str(args.plot)]
     if args.peers:
         out.append("--peers")
+    if args.lan_delay != 0.2:
+        out += ["--lan-delay", f"{args.lan_delay:g}"]
     return out
 
 
@@ -195,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.repeat is not None and args.repeat < 1:
         print("notifyq bench: error: --repeat must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if not 0 <= args.lan_delay <= 1000:
+        print("notifyq bench: error: --lan-delay must be from 0 to 1000 (ms)", file=sys.stderr)
         return EXIT_USAGE
     if args.plot is not None:
         missing = matplotlib_missing()
@@ -236,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results=results,
                 workdir=Path(tmp),
                 peers=peers,
+                lan_delay_ms=args.lan_delay,
             )
             for name in scenarios:
                 progress.scenario = name

@@ -115,6 +115,8 @@ class Context:
     #: The peer systems (:mod:`notifyq_bench.peers`) that ``--peers`` asked for and that are
     #: installed; the throughput and latency scenarios run each of them too.
     peers: list[Peer] = field(default_factory=list)
+    #: The round trip the ``multihost`` scenario adds to each host's link (``--lan-delay``), ms.
+    lan_delay_ms: float = 0.2
     _servers: dict[str, int] = field(default_factory=dict)
     servers: dict[str, Child] = field(default_factory=dict)
 

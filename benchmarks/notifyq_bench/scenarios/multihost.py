@@ -5,9 +5,14 @@ every host runs a steady stream of 20 ms jobs (throughput per 0.5 s, the dip, th
 healing, and from the table and the handlers' own record of every run: no job lost, none run
 twice by a live worker, stale completions discarded).
 
-No delay is added to the links: this kernel has no netem qdisc (nor any other that delays), so the
-round trip is that of a veth pair, measured and reported (``SELECT 1`` from inside a namespace);
-a real LAN adds about 0.2 ms to it. Needs root and ``ip``; skipped with a note otherwise.
+The links get the round trip of a LAN (``--lan-delay``, 0.2 ms by default, half each way): with
+netem on both ends of each veth when the kernel has it, else through the bench's delay relay
+(:mod:`notifyq_bench.lanrelay`, a small C program built at run time): it listens on the bridge,
+one port per host, and holds every chunk of bytes for the one-way delay in each direction, so the
+hosts' traffic still crosses their veth (a cut still partitions them). The round trip achieved
+is measured and reported (``SELECT 1`` from inside a namespace, straight and as the workers
+connect); with neither netem nor a C compiler, the links stay bare, with a note. Needs root and
+``ip``; skipped with a note otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import itertools
+import json
 import math
 import socket
 import subprocess
@@ -29,7 +35,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from notifyq_bench import netns
+from notifyq_bench import lanrelay, netns
 from notifyq_bench.harness import BenchError, Child, Scratch, child_env, poll_until
 from notifyq_bench.multihost_tasks import RUN, RUNLOG_ENV
 from notifyq_bench.netns import Host, Network
@@ -215,13 +221,29 @@ def _free_port(address: str) -> int:
 class Cluster:
     """The bench's server on the bridge, its scratch database, and workers started in hosts."""
 
-    def __init__(self, ctx: Context, net: Network, server: BenchServer, dbname: str) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        net: Network,
+        server: BenchServer,
+        dbname: str,
+        relay_ports: list[int] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.net = net
         self.server = server
         self.dbname = dbname
+        #: The delay relay's port for each host, by index; None: hosts connect straight.
+        self.relay_ports = relay_ports
         self.runlog = Path(ctx.workdir) / "multihost-runs"
         self.runlog.mkdir(exist_ok=True)
+
+    def url_for(self, host: Host, dbname: str) -> str:
+        """The URL (no password) through which ``host`` reaches the server."""
+        if self.relay_ports is None:
+            return self.server.url_without_password(dbname)
+        port = self.relay_ports[host.index]
+        return f"postgresql://postgres@{self.net.server_address}:{port}/{dbname}"
 
     def start_workers(self, hosts: list[Host], concurrency: int, lease: float) -> list[Child]:
         workers = []
@@ -239,7 +261,7 @@ class Cluster:
                 ]
             )
             env = child_env(
-                DATABASE_URL=self.server.url_without_password(self.dbname),
+                DATABASE_URL=self.url_for(host, self.dbname),
                 PGPASSWORD=self.server.password,
                 NOTIFYQ_LOG_LEVEL="INFO",
                 NOTIFYQ_SHUTDOWN_GRACE="1",
@@ -253,33 +275,70 @@ class Cluster:
         return workers
 
 
-def _rtt(net: Network, server: BenchServer) -> dict[str, float]:
-    """``SELECT 1`` round trips from inside the first host, in ms."""
+def _rtt(host: Host, server: BenchServer, urls: list[str]) -> list[dict[str, float]]:
+    """``SELECT 1`` round trips from inside ``host`` over each of ``urls``, in ms (taking
+    turns, so that the machine's load weighs on each alike)."""
     code = (
         "import json, sys, time, psycopg\n"
-        "c = psycopg.connect(sys.argv[1], autocommit=True)\n"
-        "c.execute('SELECT 1')\n"
-        "out = []\n"
-        "for _ in range(300):\n"
-        "    t = time.perf_counter(); c.execute('SELECT 1').fetchone()\n"
-        "    out.append((time.perf_counter() - t) * 1000)\n"
+        "conns = [psycopg.connect(u, autocommit=True) for u in sys.argv[1:]]\n"
+        "out = [[] for _ in conns]\n"
+        "for i in range(330):\n"
+        "    for c, o in zip(conns, out):\n"
+        "        t = time.perf_counter(); c.execute('SELECT 1').fetchone()\n"
+        "        if i >= 30: o.append((time.perf_counter() - t) * 1000)\n"
         "print(json.dumps(out))\n"
     )
     result = subprocess.run(
-        net.hosts[0].command([sys.executable, "-c", code, server.url_without_password("postgres")]),
+        host.command([sys.executable, "-c", code, *urls]),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
         env=child_env(PGPASSWORD=server.password),
     )
     if result.returncode != 0:
         raise BenchError(f"the round trip from a host failed: {result.stderr.strip()[-300:]}")
-    import json
+    out = []
+    for samples in json.loads(result.stdout):
+        p50, _, p99 = percentiles(samples)
+        out.append({"p50_ms": p50, "p99_ms": p99})
+    return out
 
-    samples = json.loads(result.stdout)
-    p50, _, p99 = percentiles(samples)
-    return {"p50_ms": p50, "p99_ms": p99}
+
+@dataclass
+class Lan:
+    """How the links got their delay: ``mode`` is netem, relay or none."""
+
+    mode: str
+    one_way_ms: float
+    why_none: str = ""
+    relay: lanrelay.Relay | None = None
+
+
+def _add_delay(ctx: Context, net: Network, server: BenchServer) -> Lan:
+    """The delay of ``ctx.lan_delay_ms`` on every host's link: netem, else the relay."""
+    one_way = ctx.lan_delay_ms / 2
+    if one_way <= 0:
+        return Lan("none", 0.0, "--lan-delay 0")
+    no_netem = net.add_delay(one_way)
+    if no_netem is None:
+        return Lan("netem", one_way)
+    no_relay = lanrelay.unavailable()
+    if no_relay is not None:
+        return Lan("none", 0.0, f"no netem here (tc: {no_netem}) and {no_relay}")
+    try:
+        binary = lanrelay.build(Path(ctx.workdir))
+    except BenchError as exc:
+        return Lan("none", 0.0, f"no netem here (tc: {no_netem}) and {exc}")
+    relay = lanrelay.Relay.start(
+        ctx.children,
+        binary,
+        one_way,
+        (server.address, server.port),
+        [(net.server_address, 0) for _ in net.hosts],
+        name="multihost-lanrelay",
+    )
+    return Lan("relay", one_way, f"no netem here (tc: {no_netem})", relay)
 
 
 def run(ctx: Context) -> None:
@@ -301,40 +360,108 @@ def run_plan(ctx: Context, plan: Plan) -> None:
         server = BenchServer(net.server_address, _free_port(net.server_address))
         with server:
             scratch = Scratch(server.url)
+            lan: Lan | None = None
             try:
                 url = scratch.create("_multihost")
-                _measure(ctx, plan, net, server, url)
+                # Straight first: netem, once added, delays every packet of the link.
+                straight = _rtt(net.hosts[0], server, [server.url_without_password("postgres")])
+                lan = _add_delay(ctx, net, server)
+                _measure(ctx, plan, net, server, url, lan, straight[0])
+                if lan.relay is not None and NAME in ctx.results.raw:
+                    # What the relay cost the machine's (shared) cores over the whole run.
+                    ctx.results.raw[NAME]["relay_cpu_s"] = lan.relay.child.cpu()
             finally:
+                if lan is not None and lan.relay is not None:
+                    lan.relay.stop(ctx.children)
                 scratch.drop_all()
 
 
-def _measure(ctx: Context, plan: Plan, net: Network, server: BenchServer, url: str) -> None:
+def _measure(
+    ctx: Context,
+    plan: Plan,
+    net: Network,
+    server: BenchServer,
+    url: str,
+    lan: Lan,
+    straight: dict[str, float],
+) -> None:
     dbname = str(conninfo_to_dict(url)["dbname"])
-    cluster = Cluster(ctx, net, server, dbname)
+    relay_ports = lan.relay.ports if lan.relay is not None else None
+    cluster = Cluster(ctx, net, server, dbname, relay_ports)
     here = dataclasses.replace(ctx, url=url)
-    rtt = _rtt(net, server)
+    host = net.hosts[0]
+    if lan.mode == "relay":
+        # Straight and through the relay taking turns, so that the machine's load moves both.
+        straight, rtt = _rtt(
+            host,
+            server,
+            [server.url_without_password("postgres"), cluster.url_for(host, "postgres")],
+        )
+    elif lan.mode == "netem":
+        rtt = _rtt(host, server, [server.url_without_password("postgres")])[0]
+    else:
+        rtt = straight
+    added = rtt["p50_ms"] - straight["p50_ms"]
+    how = {
+        "netem": f"netem, {lan.one_way_ms:g} ms at each end of each host's veth",
+        "relay": f"the bench's delay relay, {lan.one_way_ms:g} ms each way; {lan.why_none}",
+        "none": f"none ({lan.why_none})",
+    }[lan.mode]
     raw: dict[str, Any] = {
         "server": f"PostgreSQL {server.version()} of the bench's own, tcp {net.server_address}",
-        "added_latency_ms": 0.0,
-        "netem": "unavailable: no qdisc on this kernel adds delay; the links are bare veths",
+        "lan_delay_requested_ms": ctx.lan_delay_ms,
+        "lan_delay_by": lan.mode,
+        "lan_delay": how,
+        "added_latency_ms": added,
         "rtt_select1_ms": rtt,
+        "rtt_select1_straight_ms": straight,
         "plan": dataclasses.asdict(plan),
         "hosts": [],
     }
-    ctx.note(
-        "multihost: no delay added to the links (no netem on this kernel); the round trip "
-        f"over veth (SELECT 1 from a host) is p50 {rtt['p50_ms']:.3f} ms, p99 "
-        f"{rtt['p99_ms']:.3f} ms, where a LAN adds about 0.2 ms"
-    )
+    if lan.mode == "none":
+        ctx.note(
+            f"multihost: no delay added to the links: {lan.why_none}; the round trip over veth "
+            f"(SELECT 1 from a host) is p50 {rtt['p50_ms']:.3f} ms, p99 {rtt['p99_ms']:.3f} ms, "
+            "where a LAN adds about 0.2 ms"
+        )
+    else:
+        ctx.note(
+            f"multihost: {ctx.lan_delay_ms:g} ms round trip added to the links by {how}; "
+            f"SELECT 1 from a host: p50 {rtt['p50_ms']:.3f} ms (p99 {rtt['p99_ms']:.3f}), "
+            f"straight p50 {straight['p50_ms']:.3f} ms (p99 {straight['p99_ms']:.3f}): "
+            f"{added:+.3f} ms at p50"
+        )
     ctx.done()
+    path = {"netem": "veth + netem", "relay": "veth + delay relay", "none": "veth"}[lan.mode]
+    for point in ("p50", "p99"):
+        ctx.results.add(
+            Figure(
+                f"multihost.rtt.{point}",
+                NAME,
+                f"round trip host → PostgreSQL as the workers connect ({path}, SELECT 1): {point}",
+                "ms",
+                [rtt[f"{point}_ms"]],
+                note=f"delay asked: {ctx.lan_delay_ms:g} ms" if lan.mode != "none" else "no delay",
+            )
+        )
+    for point in ("p50", "p99"):
+        ctx.results.add(
+            Figure(
+                f"multihost.rtt.straight.{point}",
+                NAME,
+                f"round trip host → PostgreSQL over the bare veth (SELECT 1): {point}",
+                "ms",
+                [straight[f"{point}_ms"]],
+            )
+        )
     ctx.results.add(
         Figure(
-            "multihost.rtt.p50",
+            "multihost.rtt.added",
             NAME,
-            "round trip host → PostgreSQL over veth (SELECT 1): p50",
+            "round trip added to the links, measured (p50 as the workers connect minus straight)",
             "ms",
-            [rtt["p50_ms"]],
-            note="no netem here: no delay added",
+            [added],
+            note=f"asked: {ctx.lan_delay_ms if lan.mode != 'none' else 0:g} ms ({lan.mode})",
         )
     )
     for count in plan.hosts:
