@@ -149,9 +149,10 @@ async def test_an_idle_worker_runs_a_snoozed_job_when_its_snooze_ends(
             raise Snooze(1.0)
         return "awake"
 
-    async with running_worker(slow_poll, registry(nap=nap)) as worker:
+    # Not "nap": tests/sample_tasks.py registers a task of that name in the process's registry.
+    async with running_worker(slow_poll, registry(snooze_once=nap)) as worker:
         await asleep(worker)
-        job_id = await enqueue(conn, "SELECT notifyq.enqueue('nap', '{}')")
+        job_id = await enqueue(conn, "SELECT notifyq.enqueue('snooze_once', '{}')")
         row = await started_on_time(conn, job_id)
     assert napped == [job_id]
     assert row["result"] == "awake"
