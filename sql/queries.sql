@@ -250,12 +250,21 @@ WHERE j.id = %(id)s AND j.status IN ('completed', 'failed', 'cancelled')
 RETURNING j.id;
 
 -- The jobs of a workflow, in the order they were created (one transaction gives them one
--- created_at; their ids, notifyq.workflows.ordered_ids, sort in the order they went in).
+-- created_at; their ids, notifyq.workflows.ordered_ids, sort in the order they went in), the
+-- archived ones too (one statement, one snapshot: a job being moved is seen once).
 -- name: workflow_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress,
+       false AS archived
 FROM notifyq.jobs
+WHERE workflow_id = %(workflow_id)s
+UNION ALL
+SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+       dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+       NULL::timestamptz, cancel_requested_at, depends_on, group_key, workflow_id, progress,
+       true
+FROM notifyq.jobs_archive
 WHERE workflow_id = %(workflow_id)s
 ORDER BY created_at, id
 LIMIT %(limit)s;
@@ -377,6 +386,32 @@ SELECT notifyq.clock_v1();
 -- on); the caller repeats until fewer come back.
 -- name: prune_jobs
 SELECT notifyq.prune_v2(%(status)s::text, %(keep)s::float8, %(limit)s);
+
+-- The archive (NOTIFYQ_ARCHIVE_AFTER, sql/015): the partitions a move needs, created ahead by
+-- the maintenance leader (see notifyq.archive_prepare_v1; the caller repeats while it answers
+-- 31); one batch of finished jobs moved (notifyq.archive_v1: never a job that a job not started
+-- yet depends on; the caller repeats until fewer come back); the days past the longest keep
+-- dropped (notifyq.archive_drop_v1; again while it answers 31).
+-- name: archive_prepare
+SELECT notifyq.archive_prepare_v1(%(after)s::float8, %(ahead)s::integer);
+
+-- name: archive_jobs
+SELECT notifyq.archive_v1(%(after)s::float8, %(limit)s::integer);
+
+-- name: archive_drop
+SELECT notifyq.archive_drop_v1(%(keep)s::float8);
+
+-- A job that is not in notifyq.jobs may be in the archive (read second: a job moves in one
+-- transaction, from the table to the archive, never back, so one of the two reads sees it).
+-- The columns of get_job; an archived job holds no lease.
+-- name: get_archived_job
+SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+       dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+       NULL::timestamptz AS lease_expires_at, cancel_requested_at, depends_on, group_key,
+       workflow_id, progress, true AS archived
+FROM notifyq.jobs_archive
+WHERE id = %(id)s
+LIMIT 1;
 
 -- name: prune_ticks
 SELECT notifyq.prune_ticks_v1();

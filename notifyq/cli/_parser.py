@@ -118,6 +118,12 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_positive_int, help="jobs run at once (default 10)")
     parser.add_argument("--poll-interval", type=_seconds, help="seconds between fallback polls")
     parser.add_argument(
+        "--archive-after",
+        type=_seconds,
+        help="seconds after which finished jobs move to the archive (default: "
+        "$NOTIFYQ_ARCHIVE_AFTER, else no archive)",
+    )
+    parser.add_argument(
         "--import",
         dest="imports",
         action="append",
