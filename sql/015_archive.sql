@@ -51,6 +51,28 @@ CREATE INDEX jobs_archive_id_idx ON notifyq.jobs_archive (id);
 CREATE INDEX jobs_archive_workflow_idx ON notifyq.jobs_archive (workflow_id)
     WHERE workflow_id IS NOT NULL;
 
+-- The archived job p_id, or the archived jobs of workflow p_workflow_id: how every read reaches
+-- the archive. It runs as its caller, and answers nothing to a role that may not read the
+-- archive (one granted before this version, until `notifyq grant` runs again): for it, archived
+-- jobs are unknown, as pruned ones are, where a plain SELECT would fail every read of an id that
+-- is not in notifyq.jobs (a 404 turned 500), archive on or off.
+CREATE FUNCTION notifyq.archived_jobs_v1(p_id uuid, p_workflow_id uuid)
+RETURNS SETOF notifyq.jobs_archive
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
+        RETURN;
+    END IF;
+    IF p_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM notifyq.jobs_archive AS a WHERE a.id = p_id LIMIT 1;
+    ELSIF p_workflow_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM notifyq.jobs_archive AS a WHERE a.workflow_id = p_workflow_id;
+    END IF;
+END;
+$$;
+
 -- The UTC days of the finished jobs that archive_v1(p_after) may move, oldest first (one probe
 -- of jobs_finished_idx per day, not a scan of the rows: on the first pass over a large history
 -- they are millions), and then today and p_ahead days after it: the partitions a move needs.

@@ -264,8 +264,7 @@ SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_at
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        NULL::timestamptz, cancel_requested_at, depends_on, group_key, workflow_id, progress,
        true
-FROM notifyq.jobs_archive
-WHERE workflow_id = %(workflow_id)s
+FROM notifyq.archived_jobs_v1(NULL, %(workflow_id)s::uuid)
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
@@ -403,15 +402,14 @@ SELECT notifyq.archive_drop_v1(%(keep)s::float8);
 
 -- A job that is not in notifyq.jobs may be in the archive (read second: a job moves in one
 -- transaction, from the table to the archive, never back, so one of the two reads sees it).
--- The columns of get_job; an archived job holds no lease.
+-- The columns of get_job; an archived job holds no lease. notifyq.archived_jobs_v1 answers
+-- nothing to a role that may not read the archive.
 -- name: get_archived_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        NULL::timestamptz AS lease_expires_at, cancel_requested_at, depends_on, group_key,
        workflow_id, progress, true AS archived
-FROM notifyq.jobs_archive
-WHERE id = %(id)s
-LIMIT 1;
+FROM notifyq.archived_jobs_v1(%(id)s::uuid, NULL);
 
 -- name: prune_ticks
 SELECT notifyq.prune_ticks_v1();

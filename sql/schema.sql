@@ -347,6 +347,55 @@ BEGIN
 END;
 $$;
 
+SET default_tablespace = '';
+
+CREATE TABLE notifyq.jobs_archive (
+    id uuid NOT NULL,
+    task text NOT NULL,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    status text NOT NULL,
+    priority integer NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    attempt_count integer NOT NULL,
+    max_attempts integer NOT NULL,
+    dedup_key text,
+    result jsonb,
+    last_error text,
+    errors jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    worker_id text,
+    cancel_requested_at timestamp with time zone,
+    claims integer NOT NULL,
+    lost_count integer NOT NULL,
+    depends_on uuid[] NOT NULL,
+    group_key text,
+    workflow_id uuid,
+    progress jsonb,
+    trace_context jsonb,
+    archived_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT jobs_archive_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+)
+PARTITION BY RANGE (finished_at);
+
+CREATE FUNCTION notifyq.archived_jobs_v1(p_id uuid, p_workflow_id uuid) RETURNS SETOF notifyq.jobs_archive
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NOT has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
+        RETURN;
+    END IF;
+    IF p_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM notifyq.jobs_archive AS a WHERE a.id = p_id LIMIT 1;
+    ELSIF p_workflow_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM notifyq.jobs_archive AS a WHERE a.workflow_id = p_workflow_id;
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION notifyq.beat_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_running boolean[], p_lease double precision) RETURNS TABLE(id uuid, cancel_requested boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2633,8 +2682,6 @@ CREATE SEQUENCE notifyq.group_seq
     NO MAXVALUE
     CACHE 1;
 
-SET default_tablespace = '';
-
 SET default_table_access_method = heap;
 
 CREATE TABLE notifyq.jobs (
@@ -2680,37 +2727,6 @@ CREATE TABLE notifyq.jobs (
     CONSTRAINT jobs_task_check CHECK (((length(task) >= 1) AND (length(task) <= 200)))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
-
-CREATE TABLE notifyq.jobs_archive (
-    id uuid NOT NULL,
-    task text NOT NULL,
-    queue text NOT NULL,
-    payload jsonb NOT NULL,
-    status text NOT NULL,
-    priority integer NOT NULL,
-    run_at timestamp with time zone NOT NULL,
-    attempt_count integer NOT NULL,
-    max_attempts integer NOT NULL,
-    dedup_key text,
-    result jsonb,
-    last_error text,
-    errors jsonb NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone NOT NULL,
-    worker_id text,
-    cancel_requested_at timestamp with time zone,
-    claims integer NOT NULL,
-    lost_count integer NOT NULL,
-    depends_on uuid[] NOT NULL,
-    group_key text,
-    workflow_id uuid,
-    progress jsonb,
-    trace_context jsonb,
-    archived_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT jobs_archive_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
-)
-PARTITION BY RANGE (finished_at);
 
 CREATE UNLOGGED TABLE notifyq.leaders (
     role text NOT NULL,
