@@ -77,8 +77,10 @@ $$;
 -- of jobs_finished_idx per day, not a scan of the rows: on the first pass over a large history
 -- they are millions), and then today and p_ahead days after it: the partitions a move needs.
 -- Creates at most 31 of those missing per call, oldest first, and answers how many it created;
--- the caller calls again while it answers 31, each call its own short transaction. Runs as the
--- schema's owner (a partition is DDL); only roles given it by `notifyq grant --as worker` may
+-- the caller calls again while it answers 31, each call its own short transaction. It and
+-- archive_drop_v1 take one advisory lock (0x6E710004; 0x6E710001 to _03 are the migrations', the
+-- idle marks' and the groups'), so two leaders for a moment make and drop each partition once.
+-- Runs as the schema's owner (a partition is DDL); only roles given it by `notifyq grant --as worker` may
 -- call it. lock_timeout: creating a partition locks the archive against reads for a moment;
 -- waiting behind a long read would queue every read behind it, so it gives up and the next pass
 -- tries again.
@@ -95,6 +97,8 @@ DECLARE
     v_name text;
     v_made integer := 0;
 BEGIN
+    -- Two leaders for a moment: the second waits for the first's partitions, then sees them.
+    PERFORM pg_advisory_xact_lock(1852899332);
     FOR v_day IN
         WITH RECURSIVE days (day) AS (
             SELECT (min(j.finished_at) AT TIME ZONE 'UTC')::date
@@ -190,6 +194,7 @@ DECLARE
     v_name text;
     v_dropped integer := 0;
 BEGIN
+    PERFORM pg_advisory_xact_lock(1852899332);  -- as archive_prepare_v1
     FOR v_name IN
         SELECT c.relname
         FROM pg_inherits AS i

@@ -245,6 +245,7 @@ DECLARE
     v_name text;
     v_dropped integer := 0;
 BEGIN
+    PERFORM pg_advisory_xact_lock(1852899332);  -- as archive_prepare_v1
     FOR v_name IN
         SELECT c.relname
         FROM pg_inherits AS i
@@ -275,6 +276,8 @@ DECLARE
     v_name text;
     v_made integer := 0;
 BEGIN
+    -- Two leaders for a moment: the second waits for the first's partitions, then sees them.
+    PERFORM pg_advisory_xact_lock(1852899332);
     FOR v_day IN
         WITH RECURSIVE days (day) AS (
             SELECT (min(j.finished_at) AT TIME ZONE 'UTC')::date

@@ -378,12 +378,14 @@ async def test_a_day_past_its_keep_is_dropped_and_a_newer_one_is_not(
 
 
 async def test_two_movers_at_once_move_each_job_once(settings: Settings, conn: Any) -> None:
-    ids = await insert_in_state(conn, count=3000, **finished("completed", "2 hours"))
+    ids = [
+        *await insert_in_state(conn, count=1500, **finished("completed", "2 hours")),
+        *await insert_in_state(conn, count=1500, **finished("completed", "3 days")),
+    ]
     on = archiving(settings, HOUR)
     moved: list[int] = []
     async with Queue(settings=settings) as q1, Queue(settings=settings) as q2:
-        await q1.store.archive_prepare(HOUR, ahead=ARCHIVE_AHEAD_DAYS)
-
+        # Both make the same partitions first, at the same moment: neither fails for it.
         async def mover(q: Queue) -> None:
             moved.append((await archive(q.store, on, batch=100)).moved)
 
@@ -446,3 +448,24 @@ async def test_the_worker_role_archives_and_a_producer_reads_but_cannot_touch_pa
             assert await q.get(UUID(int=7)) is None
             assert await q.store.workflow_jobs(UUID(int=7)) == []
     assert await archived_ids(conn) == {recent}
+
+
+async def test_two_leaders_dropping_at_once_drop_each_day_once(
+    settings: Settings, conn: Any
+) -> None:
+    await insert_in_state(conn, count=10, **finished("completed", "6 days"))
+    await insert_in_state(conn, count=10, **finished("completed", "5 days"))
+    async with Queue(settings=settings) as q1, Queue(settings=settings) as q2:
+        await archive(q1.store, archiving(settings, HOUR))
+        before = await partitions(conn)
+        dropped: list[int] = []
+
+        async def drop(q: Queue) -> None:
+            dropped.append(await q.store.archive_drop(2 * DAY))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drop, q1)
+            tg.start_soon(drop, q2)
+    assert sum(dropped) == 2
+    assert len(await partitions(conn)) == len(before) - 2
+    assert await archived_ids(conn) == set()
