@@ -55,11 +55,14 @@ CREATE INDEX jobs_archive_workflow_idx ON notifyq.jobs_archive (workflow_id)
 -- the archive. It runs as its caller, and answers nothing to a role that may not read the
 -- archive (one granted before this version, until `notifyq grant` runs again): for it, archived
 -- jobs are unknown, as pruned ones are, where a plain SELECT would fail every read of an id that
--- is not in notifyq.jobs (a 404 turned 500), archive on or off.
+-- is not in notifyq.jobs (a 404 turned 500), archive on or off. A read by id looks at every
+-- partition (the id is not the partition key): planning that took longer than the reads (24 ms
+-- against 6 ms for 368 days of 550 jobs), so the plan is made once per connection.
 CREATE FUNCTION notifyq.archived_jobs_v1(p_id uuid, p_workflow_id uuid)
 RETURNS SETOF notifyq.jobs_archive
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     IF NOT has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN

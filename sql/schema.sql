@@ -386,6 +386,7 @@ PARTITION BY RANGE (finished_at);
 CREATE FUNCTION notifyq.archived_jobs_v1(p_id uuid, p_workflow_id uuid) RETURNS SETOF notifyq.jobs_archive
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     IF NOT has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
