@@ -247,6 +247,19 @@ async def _archived(conn: Any, job_id: UUID) -> bool:
     return job_id in await archived_ids(conn)
 
 
+async def test_notifyq_prune_runs_the_archive_pass_when_it_is_on(conn: Any, db_url: str) -> None:
+    [old] = await insert_in_state(conn, **finished("completed", "2 hours"))
+    code, out, err = await run_notifyq("prune", env=notifyq_env(db_url))
+    assert code == 0, err
+    assert "archived" not in out and await archived_ids(conn) == set()
+    code, out, err = await run_notifyq(
+        "prune", env=notifyq_env(db_url, NOTIFYQ_ARCHIVE_AFTER="3600")
+    )
+    assert code == 0, err
+    assert "archived 1 job(s)" in out
+    assert await archived_ids(conn) == {old}
+
+
 # -- reads ------------------------------------------------------------------------------------
 
 

@@ -227,7 +227,9 @@ def _job_commands(commands: _Commands) -> None:
     cancel.add_argument("job_ids", metavar="JOB_ID", nargs="+")
 
     prune = commands.add_parser(
-        "prune", help="delete finished jobs past their keep time (NOTIFYQ_KEEP_*) now"
+        "prune",
+        help="delete finished jobs past their keep time (NOTIFYQ_KEEP_*) now, and with "
+        "NOTIFYQ_ARCHIVE_AFTER run the archive's pass",
     )
     prune.add_argument("--batch", type=_positive_int, default=1000)
 
