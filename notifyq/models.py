@@ -557,7 +557,7 @@ class Retried:
 
     @classmethod
     def of(cls, *, status: str, refused: str | None) -> Retried:
-        """From the row of notifyq.retry_v1 (a ``kwargs_row`` factory)."""
+        """From the row of notifyq.retry_v2 (a ``kwargs_row`` factory)."""
         return cls(JobStatus(status), refused)
 
 

@@ -76,6 +76,38 @@ BEGIN
 END;
 $$;
 
+-- retry_v1 (sql/005), refusing a job that depends on an archived one. retry_v1 takes a parent
+-- that is not in notifyq.jobs for completed: the job would go back and run without the parent's
+-- result (ctx.dependencies is read from notifyq.jobs), or after a parent that failed. Without the
+-- archive that is a parent deleted by hand or by a keep, rare; with it, a failed parent moves an
+-- hour (say) after its end, and its cancelled dependents stay retriable in notifyq.jobs. A role
+-- that may not read the archive (granted before this version) gets retry_v1's answer.
+CREATE FUNCTION notifyq.retry_v2(p_id uuid)
+RETURNS TABLE (status text, refused text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+    v_gone uuid;
+BEGIN
+    SELECT j.status, j.depends_on INTO v_job FROM notifyq.jobs AS j WHERE j.id = p_id;
+    IF FOUND AND v_job.status IN ('failed', 'cancelled') AND v_job.depends_on <> '{}'
+       AND has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
+        SELECT a.id INTO v_gone FROM notifyq.jobs_archive AS a
+        WHERE a.id = ANY(v_job.depends_on) ORDER BY a.id LIMIT 1;
+        IF v_gone IS NOT NULL THEN
+            RETURN QUERY SELECT v_job.status,
+                format('job %s, which it depends on, is archived: its result is no longer this '
+                       'job''s input; enqueue it again', v_gone);
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT r.status, r.refused FROM notifyq.retry_v1(p_id) AS r;
+END;
+$$;
+
 -- The UTC days of the finished jobs that archive_v1(p_after) may move, oldest first (one probe
 -- of jobs_finished_idx per day, not a scan of the rows: on the first pass over a large history
 -- they are millions), and then today and p_ahead days after it: the partitions a move needs.

@@ -177,15 +177,15 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
--- A failed or cancelled job goes back (see notifyq.retry_v1): answers its status now and, when
--- it did not go back, why.
+-- A failed or cancelled job goes back (see notifyq.retry_v2, sql/015): answers its status now
+-- and, when it did not go back, why.
 -- name: retry_job
-SELECT status, refused FROM notifyq.retry_v1(%(id)s)
+SELECT status, refused FROM notifyq.retry_v2(%(id)s)
 
 -- Requeues failed (or cancelled) jobs matching the filters, %(limit)s candidates at a time in id
 -- order after %(after)s; the caller repeats with the last candidate until fewer come back, so no
 -- statement locks many rows. Of several jobs with one dedup_key only the newest goes back (none
--- while a job with that key has not started); each goes back as notifyq.retry_v1 says, the
+-- while a job with that key has not started); each goes back as notifyq.retry_v2 says, the
 -- members of a group in the order they were submitted.
 -- name: retry_jobs
 WITH candidates AS MATERIALIZED (
@@ -204,7 +204,7 @@ WITH candidates AS MATERIALIZED (
 ), retried AS MATERIALIZED (
     SELECT r.refused
     FROM (SELECT id FROM chosen ORDER BY group_seq NULLS LAST, id) AS c
-    CROSS JOIN LATERAL notifyq.retry_v1(c.id) AS r
+    CROSS JOIN LATERAL notifyq.retry_v2(c.id) AS r
 )
 SELECT (SELECT count(*) FROM retried WHERE refused IS NULL)::integer,
        (SELECT count(*) FROM candidates)::integer,
@@ -498,7 +498,7 @@ SELECT (SELECT count(*) FROM done WHERE status = 'cancelled' AND was <> 'cancell
        (SELECT count(*) FROM candidates)::integer,
        (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
 
--- Retry: each chosen job goes back as notifyq.retry_v1 says (as in retry_jobs: of several with
+-- Retry: each chosen job goes back as notifyq.retry_v2 says (as in retry_jobs: of several with
 -- one dedup_key only the newest, the members of a group in the order they were submitted).
 -- name: bulk_retry_jobs
 WITH candidates AS MATERIALIZED (
@@ -523,7 +523,7 @@ WITH candidates AS MATERIALIZED (
 ), retried AS MATERIALIZED (
     SELECT r.refused
     FROM (SELECT id FROM chosen ORDER BY group_seq NULLS LAST, id) AS c
-    CROSS JOIN LATERAL notifyq.retry_v1(c.id) AS r
+    CROSS JOIN LATERAL notifyq.retry_v2(c.id) AS r
 )
 SELECT (SELECT count(*) FROM retried WHERE refused IS NULL)::integer,
        0,

@@ -2407,6 +2407,31 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.retry_v2(p_id uuid) RETURNS TABLE(status text, refused text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+    v_gone uuid;
+BEGIN
+    SELECT j.status, j.depends_on INTO v_job FROM notifyq.jobs AS j WHERE j.id = p_id;
+    IF FOUND AND v_job.status IN ('failed', 'cancelled') AND v_job.depends_on <> '{}'
+       AND has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
+        SELECT a.id INTO v_gone FROM notifyq.jobs_archive AS a
+        WHERE a.id = ANY(v_job.depends_on) ORDER BY a.id LIMIT 1;
+        IF v_gone IS NOT NULL THEN
+            RETURN QUERY SELECT v_job.status,
+                format('job %s, which it depends on, is archived: its result is no longer this '
+                       'job''s input; enqueue it again', v_gone);
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT r.status, r.refused FROM notifyq.retry_v1(p_id) AS r;
+END;
+$$;
+
 CREATE FUNCTION notifyq.settle_v1(p_ids uuid[], p_queues text[], p_group_keys text[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'

@@ -19,6 +19,7 @@ from notifyq import SyncQueue
 from notifyq.api import create_app
 from notifyq.client import Queue
 from notifyq.errors import ConfigurationError, RefusedInput
+from notifyq.models import JobStatus
 from notifyq.settings import Settings
 from notifyq.worker import archive, prune
 from notifyq.worker._maintenance import ARCHIVE_AHEAD_DAYS, archive_keep
@@ -181,6 +182,24 @@ async def test_a_job_that_a_job_not_started_yet_depends_on_never_moves(
         await archive(q.store, archiving(settings, HOUR))
         assert await archived_ids(conn) == {late, parent}
         assert other in await hot_ids(conn)
+
+
+async def test_a_job_whose_parent_is_archived_does_not_go_back(
+    settings: Settings, conn: Any
+) -> None:
+    [parent] = await insert_in_state(conn, "fail", **finished("failed", "2 hours"))
+    async with Queue(settings=settings) as q:
+        child = await q.enqueue("echo", {}, depends_on=[parent])
+        assert child.status.value == "cancelled"  # its parent had failed
+        await archive(q.store, archiving(settings, HOUR))
+        assert await archived_ids(conn) == {parent}
+        retried = await q.store.retry_job(child.job_id)
+        assert retried is not None and retried.status.value == "cancelled"
+        assert retried.refused is not None and f"job {parent}" in retried.refused
+        assert "archived" in retried.refused
+        assert await q.store.retry_jobs(status=JobStatus.CANCELLED) == 0
+        job = await q.get(child.job_id)
+        assert job is not None and job.status.value == "cancelled" and not job.archived
 
 
 async def test_with_the_archive_off_nothing_moves(settings: Settings, conn: Any) -> None:
