@@ -124,7 +124,9 @@ class Retention:
                 deleted = await prune(self._store, self._settings)
                 if deleted:
                     logger.info("retention: deleted %d finished job(s)", deleted)
+                await self._store.prune_ticks()
                 # After the prune: a job past its keep is deleted, not moved and dropped later.
+                # Last: an archive that fails (a role not granted it yet) skips nothing else.
                 archived = await archive(self._store, self._settings)
                 if archived.moved or archived.created or archived.dropped:
                     logger.info(
@@ -133,7 +135,6 @@ class Retention:
                         archived.created,
                         archived.dropped,
                     )
-                await self._store.prune_ticks()
             except NotifyQError as exc:
                 logger.warning("retention failed: %s", exc)
             await anyio.sleep(self._settings.prune_interval)
