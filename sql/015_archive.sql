@@ -111,14 +111,16 @@ $$;
 -- The UTC days of the finished jobs that archive_v1(p_after) may move, oldest first (one probe
 -- of jobs_finished_idx per day, not a scan of the rows: on the first pass over a large history
 -- they are millions), and then today and p_ahead days after it: the partitions a move needs.
--- Creates at most 31 of those missing per call, oldest first, and answers how many it created;
--- the caller calls again while it answers 31, each call its own short transaction. It and
--- archive_drop_v1 take one advisory lock (0x6E710004; 0x6E710001 to _03 are the migrations', the
--- idle marks' and the groups'), so two leaders for a moment make and drop each partition once.
--- Runs as the schema's owner (a partition is DDL); only roles given it by `notifyq grant --as worker` may
--- call it. lock_timeout: creating a partition locks the archive against reads for a moment;
--- waiting behind a long read would queue every read behind it, so it gives up and the next pass
--- tries again.
+-- Creates at most 8 of those missing per call, oldest first, and answers how many it created;
+-- the caller calls again while it answers 8, each call its own short transaction: 8 take a
+-- tenth of a second, inside the shortest default statement timeout (one second), where 31
+-- took up to 1.2 s on a loaded machine, and a pass that always times out never gets further.
+-- It and archive_drop_v1 take one advisory lock (0x6E710004; 0x6E710001 to _03 are the
+-- migrations', the idle marks' and the groups'), so two leaders for a moment make and drop each
+-- partition once. Runs as the schema's owner (a partition is DDL); only roles given it by
+-- `notifyq grant --as worker` may call it. lock_timeout: creating a partition locks the archive
+-- against reads for a moment; waiting behind a long read would queue every read behind it, so
+-- it gives up and the next pass tries again.
 CREATE FUNCTION notifyq.archive_prepare_v1(p_after float8, p_ahead integer)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
@@ -155,9 +157,10 @@ BEGIN
     LOOP
         v_name := 'jobs_archive_' || to_char(v_day, 'YYYYMMDD');
         CONTINUE WHEN to_regclass(format('notifyq.%I', v_name)) IS NOT NULL;
-        EXIT WHEN v_made >= 31;
+        EXIT WHEN v_made >= 8;
         EXECUTE format(
-            'CREATE TABLE notifyq.%I PARTITION OF notifyq.jobs_archive FOR VALUES FROM (%L) TO (%L)',
+            'CREATE TABLE notifyq.%I PARTITION OF notifyq.jobs_archive '
+            'FOR VALUES FROM (%L) TO (%L)',
             v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
         v_made := v_made + 1;
     END LOOP;
@@ -215,7 +218,7 @@ END;
 $$;
 
 -- Drops the archive's days that ended more than p_keep seconds ago (the longest keep of the
--- statuses: every row in them is past its own keep), at most 31 per call, oldest first; answers
+-- statuses: every row in them is past its own keep), at most 8 per call, oldest first; answers
 -- how many. Only the partitions archive_prepare_v1 makes (by their name) are dropped. Runs as the
 -- schema's owner (a DROP needs it); only roles given it by `notifyq grant --as worker` may call
 -- it. lock_timeout: see archive_prepare_v1.
@@ -239,7 +242,7 @@ BEGIN
           AND ((to_date(substr(c.relname, 14), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC')
               <= now() - make_interval(secs => greatest(p_keep, 0))
         ORDER BY c.relname
-        LIMIT 31
+        LIMIT 8
     LOOP
         EXECUTE format('DROP TABLE notifyq.%I', v_name);
         v_dropped := v_dropped + 1;

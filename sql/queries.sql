@@ -388,9 +388,9 @@ SELECT notifyq.prune_v2(%(status)s::text, %(keep)s::float8, %(limit)s);
 
 -- The archive (NOTIFYQ_ARCHIVE_AFTER, sql/015): the partitions a move needs, created ahead by
 -- the maintenance leader (see notifyq.archive_prepare_v1; the caller repeats while it answers
--- 31); one batch of finished jobs moved (notifyq.archive_v1: never a job that a job not started
+-- 8); one batch of finished jobs moved (notifyq.archive_v1: never a job that a job not started
 -- yet depends on; the caller repeats until fewer come back); the days past the longest keep
--- dropped (notifyq.archive_drop_v1; again while it answers 31).
+-- dropped (notifyq.archive_drop_v1; again while it answers 8).
 -- name: archive_prepare
 SELECT notifyq.archive_prepare_v1(%(after)s::float8, %(ahead)s::integer);
 

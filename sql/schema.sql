@@ -255,7 +255,7 @@ BEGIN
           AND ((to_date(substr(c.relname, 14), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC')
               <= now() - make_interval(secs => greatest(p_keep, 0))
         ORDER BY c.relname
-        LIMIT 31
+        LIMIT 8
     LOOP
         EXECUTE format('DROP TABLE notifyq.%I', v_name);
         v_dropped := v_dropped + 1;
@@ -299,9 +299,10 @@ BEGIN
     LOOP
         v_name := 'jobs_archive_' || to_char(v_day, 'YYYYMMDD');
         CONTINUE WHEN to_regclass(format('notifyq.%I', v_name)) IS NOT NULL;
-        EXIT WHEN v_made >= 31;
+        EXIT WHEN v_made >= 8;
         EXECUTE format(
-            'CREATE TABLE notifyq.%I PARTITION OF notifyq.jobs_archive FOR VALUES FROM (%L) TO (%L)',
+            'CREATE TABLE notifyq.%I PARTITION OF notifyq.jobs_archive '
+            'FOR VALUES FROM (%L) TO (%L)',
             v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
         v_made := v_made + 1;
     END LOOP;

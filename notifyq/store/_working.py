@@ -308,9 +308,9 @@ class Working(Runner):
         return deleted
 
     async def archive_prepare(self, after: float, *, ahead: int) -> int:
-        """Creates up to 31 of the archive's missing partitions that a move of jobs finished
+        """Creates up to 8 of the archive's missing partitions that a move of jobs finished
         more than ``after`` seconds ago needs, and those of today and ``ahead`` days after it;
-        answers how many (call again while it answers 31)."""
+        answers how many (call again while it answers 8)."""
         params = {"after": after, "ahead": ahead}
         made: int = await self._value("archive_prepare", params, what="creating archive partitions")
         return made
@@ -323,8 +323,8 @@ class Working(Runner):
         return moved
 
     async def archive_drop(self, keep: float) -> int:
-        """Drops up to 31 of the archive's days that ended more than ``keep`` seconds ago;
-        answers how many (call again while it answers 31)."""
+        """Drops up to 8 of the archive's days that ended more than ``keep`` seconds ago;
+        answers how many (call again while it answers 8)."""
         dropped: int = await self._value(
             "archive_drop", {"keep": keep}, what="dropping archive partitions"
         )

@@ -28,7 +28,7 @@ DEPTH_INTERVAL = 10.0
 #: pass that runs across midnight (or a clock a little ahead) never meets a missing one.
 ARCHIVE_AHEAD_DAYS = 2
 #: Most partitions one statement creates or drops (notifyq.archive_prepare_v1, _drop_v1).
-_PARTITIONS_PER_CALL = 31
+_PARTITIONS_PER_CALL = 8
 
 
 @dataclass(frozen=True, slots=True)
