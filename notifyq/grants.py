@@ -10,7 +10,8 @@ The schema's owner runs the migrations; nothing else needs DDL. Roles of the oth
   needs no privilege on those tables.
 - ``worker``: runs workers and the API (``serve --no-worker`` too, with
   ``NOTIFYQ_AUTO_MIGRATE=false``): reads and writes the rows of notifyq's tables, never their
-  shape.
+  shape; the archive's partitions (NOTIFYQ_ARCHIVE_AFTER) are created and dropped through two
+  functions that run as the schema's owner, which only this kind may call.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ WORKER_TABLES = (
 )  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")
+#: The archive (sql/015): a worker's maintenance leader moves finished jobs into it; reads of a
+#: job (any client's) look there when the job is not in notifyq.jobs.
+ARCHIVE = "jobs_archive"
+#: The owner's functions that create and drop the archive's partitions (revoked from PUBLIC).
+ARCHIVE_FUNCTIONS = ("archive_prepare_v1(float8, integer)", "archive_drop_v1(float8)")
 
 
 def statements(role: str, kind: Kind) -> list[sql.Composed]:
@@ -52,6 +58,7 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
         found += [
             sql.SQL("GRANT INSERT ({}) ON notifyq.jobs TO {}").format(columns, who),
             sql.SQL("GRANT SELECT ON notifyq.jobs TO {}").format(who),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier("notifyq", ARCHIVE), who),
         ]
         return found
     tables = sql.SQL(", ").join(sql.Identifier("notifyq", name) for name in WORKER_TABLES)
@@ -59,6 +66,14 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
     found += [
         sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(tables, who),
         sql.SQL("GRANT SELECT ON {} TO {}").format(reads, who),
+        sql.SQL("GRANT SELECT, INSERT, DELETE ON {} TO {}").format(
+            sql.Identifier("notifyq", ARCHIVE), who
+        ),
+    ]
+    # A function's signature is not an identifier: these are constants of this module.
+    found += [
+        sql.SQL("GRANT EXECUTE ON FUNCTION notifyq.{} TO {}").format(sql.SQL(function), who)
+        for function in ARCHIVE_FUNCTIONS
     ]
     return found
 

@@ -80,6 +80,9 @@ class Job:
     workflow_id: UUID | None = None
     #: A running (or finished) job's last report: {"fraction": 0..1 or None, "message": ...}.
     progress: dict[str, Any] | None = None
+    #: Whether it was read from the archive (NOTIFYQ_ARCHIVE_AFTER): finished, and kept until
+    #: its day's partition is dropped; it can no longer be retried, cancelled or deleted.
+    archived: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -554,7 +557,7 @@ class Retried:
 
     @classmethod
     def of(cls, *, status: str, refused: str | None) -> Retried:
-        """From the row of notifyq.retry_v1 (a ``kwargs_row`` factory)."""
+        """From the row of notifyq.retry_v2 (a ``kwargs_row`` factory)."""
         return cls(JobStatus(status), refused)
 
 

@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     prune_interval: float = Field(
         default=60.0, gt=0, description="Seconds between a worker's retention passes."
     )
+    archive_after: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds after which a finished job moves from notifyq.jobs to the "
+        "archive (notifyq.jobs_archive, one partition a day, dropped whole once older than "
+        "the longest NOTIFYQ_KEEP_*); unset or empty: no archive.",
+    )
     api_token: SecretStr | None = Field(
         default=None,
         description="When set, every route but /health (and the docs and dashboard page) "
@@ -180,6 +187,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_means_forever(cls, value: Any) -> Any:
         return None if value in ("", "none", "None", "forever") else value
+
+    @field_validator("archive_after", mode="before")
+    @classmethod
+    def _empty_means_off(cls, value: Any) -> Any:
+        return None if value in ("", "none", "None", "off") else value
 
     @field_validator("api_token", mode="before")
     @classmethod

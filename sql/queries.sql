@@ -178,15 +178,15 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
--- A failed or cancelled job goes back (see notifyq.retry_v1): answers its status now and, when
--- it did not go back, why.
+-- A failed or cancelled job goes back (see notifyq.retry_v2, sql/015): answers its status now
+-- and, when it did not go back, why.
 -- name: retry_job
-SELECT status, refused FROM notifyq.retry_v1(%(id)s)
+SELECT status, refused FROM notifyq.retry_v2(%(id)s)
 
 -- Requeues failed (or cancelled) jobs matching the filters, %(limit)s candidates at a time in id
 -- order after %(after)s; the caller repeats with the last candidate until fewer come back, so no
 -- statement locks many rows. Of several jobs with one dedup_key only the newest goes back (none
--- while a job with that key has not started); each goes back as notifyq.retry_v1 says, the
+-- while a job with that key has not started); each goes back as notifyq.retry_v2 says, the
 -- members of a group in the order they were submitted.
 -- name: retry_jobs
 WITH candidates AS MATERIALIZED (
@@ -205,7 +205,7 @@ WITH candidates AS MATERIALIZED (
 ), retried AS MATERIALIZED (
     SELECT r.refused
     FROM (SELECT id FROM chosen ORDER BY group_seq NULLS LAST, id) AS c
-    CROSS JOIN LATERAL notifyq.retry_v1(c.id) AS r
+    CROSS JOIN LATERAL notifyq.retry_v2(c.id) AS r
 )
 SELECT (SELECT count(*) FROM retried WHERE refused IS NULL)::integer,
        (SELECT count(*) FROM candidates)::integer,
@@ -251,13 +251,21 @@ WHERE j.id = %(id)s AND j.status IN ('completed', 'failed', 'cancelled')
 RETURNING j.id;
 
 -- The jobs of a workflow, in the order they were created (one transaction gives them one
--- created_at; their ids, notifyq.workflows.ordered_ids, sort in the order they went in).
+-- created_at; their ids, notifyq.workflows.ordered_ids, sort in the order they went in), the
+-- archived ones too (one statement, one snapshot: a job being moved is seen once).
 -- name: workflow_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress,
+       false AS archived
 FROM notifyq.jobs
 WHERE workflow_id = %(workflow_id)s
+UNION ALL
+SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+       dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+       NULL::timestamptz, cancel_requested_at, depends_on, group_key, workflow_id, progress,
+       true
+FROM notifyq.archived_jobs_v1(NULL, %(workflow_id)s::uuid)
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
@@ -379,6 +387,31 @@ SELECT notifyq.clock_v1();
 -- name: prune_jobs
 SELECT notifyq.prune_v2(%(status)s::text, %(keep)s::float8, %(limit)s);
 
+-- The archive (NOTIFYQ_ARCHIVE_AFTER, sql/015): the partitions a move needs, created ahead by
+-- the maintenance leader (see notifyq.archive_prepare_v1; the caller repeats while it answers
+-- 8); one batch of finished jobs moved (notifyq.archive_v1: never a job that a job not started
+-- yet depends on; the caller repeats until fewer come back); the days past the longest keep
+-- dropped (notifyq.archive_drop_v1; again while it answers 8).
+-- name: archive_prepare
+SELECT notifyq.archive_prepare_v1(%(after)s::float8, %(ahead)s::integer);
+
+-- name: archive_jobs
+SELECT notifyq.archive_v1(%(after)s::float8, %(limit)s::integer);
+
+-- name: archive_drop
+SELECT notifyq.archive_drop_v1(%(keep)s::float8);
+
+-- A job that is not in notifyq.jobs may be in the archive (read second: a job moves in one
+-- transaction, from the table to the archive, never back, so one of the two reads sees it).
+-- The columns of get_job; an archived job holds no lease. notifyq.archived_jobs_v1 answers
+-- nothing to a role that may not read the archive.
+-- name: get_archived_job
+SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+       dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+       NULL::timestamptz AS lease_expires_at, cancel_requested_at, depends_on, group_key,
+       workflow_id, progress, true AS archived
+FROM notifyq.archived_jobs_v1(%(id)s::uuid, NULL);
+
 -- name: prune_ticks
 SELECT notifyq.prune_ticks_v1();
 
@@ -466,7 +499,7 @@ SELECT (SELECT count(*) FROM done WHERE status = 'cancelled' AND was <> 'cancell
        (SELECT count(*) FROM candidates)::integer,
        (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
 
--- Retry: each chosen job goes back as notifyq.retry_v1 says (as in retry_jobs: of several with
+-- Retry: each chosen job goes back as notifyq.retry_v2 says (as in retry_jobs: of several with
 -- one dedup_key only the newest, the members of a group in the order they were submitted).
 -- name: bulk_retry_jobs
 WITH candidates AS MATERIALIZED (
@@ -491,7 +524,7 @@ WITH candidates AS MATERIALIZED (
 ), retried AS MATERIALIZED (
     SELECT r.refused
     FROM (SELECT id FROM chosen ORDER BY group_seq NULLS LAST, id) AS c
-    CROSS JOIN LATERAL notifyq.retry_v1(c.id) AS r
+    CROSS JOIN LATERAL notifyq.retry_v2(c.id) AS r
 )
 SELECT (SELECT count(*) FROM retried WHERE refused IS NULL)::integer,
        0,

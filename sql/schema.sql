@@ -236,6 +236,171 @@ CREATE FUNCTION notifyq.append_error_v1(p_errors jsonb, p_attempt integer, p_err
                         'at', now(), 'worker', p_worker))) AS s(e);
 $$;
 
+CREATE FUNCTION notifyq.archive_drop_v1(p_keep double precision) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '2s'
+    AS $_$
+DECLARE
+    v_name text;
+    v_dropped integer := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock(1852899332);  -- as archive_prepare_v1
+    FOR v_name IN
+        SELECT c.relname
+        FROM pg_inherits AS i
+        JOIN pg_class AS c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'notifyq.jobs_archive'::regclass
+          AND c.relname ~ '^jobs_archive_[0-9]{8}$'
+          AND ((to_date(substr(c.relname, 14), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC')
+              <= now() - make_interval(secs => greatest(p_keep, 0))
+        ORDER BY c.relname
+        LIMIT 8
+    LOOP
+        EXECUTE format('DROP TABLE notifyq.%I', v_name);
+        v_dropped := v_dropped + 1;
+    END LOOP;
+    RETURN v_dropped;
+END;
+$_$;
+
+CREATE FUNCTION notifyq.archive_prepare_v1(p_after double precision, p_ahead integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '2s'
+    AS $$
+DECLARE
+    v_today date := (now() AT TIME ZONE 'UTC')::date;
+    v_cutoff timestamptz := now() - make_interval(secs => greatest(p_after, 0));
+    v_day date;
+    v_name text;
+    v_made integer := 0;
+BEGIN
+    -- Two leaders for a moment: the second waits for the first's partitions, then sees them.
+    PERFORM pg_advisory_xact_lock(1852899332);
+    FOR v_day IN
+        WITH RECURSIVE days (day) AS (
+            SELECT (min(j.finished_at) AT TIME ZONE 'UTC')::date
+            FROM notifyq.jobs AS j
+            WHERE j.status IN ('completed', 'failed', 'cancelled') AND j.finished_at < v_cutoff
+          UNION ALL
+            SELECT (SELECT (min(j.finished_at) AT TIME ZONE 'UTC')::date
+                    FROM notifyq.jobs AS j
+                    WHERE j.status IN ('completed', 'failed', 'cancelled')
+                      AND j.finished_at >= ((d.day + 1)::timestamp AT TIME ZONE 'UTC')
+                      AND j.finished_at < v_cutoff)
+            FROM days AS d
+            WHERE d.day IS NOT NULL
+        )
+        SELECT d.day FROM days AS d WHERE d.day IS NOT NULL AND d.day < v_today
+        UNION
+        SELECT v_today + n FROM generate_series(0, least(greatest(p_ahead, 0), 31)) AS n
+        ORDER BY 1
+    LOOP
+        v_name := 'jobs_archive_' || to_char(v_day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass(format('notifyq.%I', v_name)) IS NOT NULL;
+        EXIT WHEN v_made >= 8;
+        EXECUTE format(
+            'CREATE TABLE notifyq.%I PARTITION OF notifyq.jobs_archive '
+            'FOR VALUES FROM (%L) TO (%L)',
+            v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+        v_made := v_made + 1;
+    END LOOP;
+    RETURN v_made;
+END;
+$$;
+
+CREATE FUNCTION notifyq.archive_v1(p_after double precision, p_limit integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    WITH moved AS (
+        DELETE FROM notifyq.jobs AS j
+        WHERE j.id IN (SELECT c.id FROM notifyq.jobs AS c
+                       WHERE c.status IN ('completed', 'failed', 'cancelled')
+                         AND c.finished_at < now() - make_interval(secs => p_after)
+                         AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS w
+                                         WHERE w.status IN ('waiting', 'queued')
+                                           AND w.depends_on <> '{}'
+                                           AND w.depends_on @> ARRAY[c.id])
+                       ORDER BY c.finished_at
+                       LIMIT p_limit
+                       FOR UPDATE SKIP LOCKED)
+          AND j.status IN ('completed', 'failed', 'cancelled')
+        RETURNING j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at,
+                  j.attempt_count, j.max_attempts, j.dedup_key, j.result, j.last_error,
+                  j.errors, j.created_at, j.started_at, j.finished_at, j.worker_id,
+                  j.cancel_requested_at, j.claims, j.lost_count, j.depends_on, j.group_key,
+                  j.workflow_id, j.progress, j.trace_context
+    )
+    INSERT INTO notifyq.jobs_archive
+        (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+         dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+         cancel_requested_at, claims, lost_count, depends_on, group_key, workflow_id, progress,
+         trace_context)
+    SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+           dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+           cancel_requested_at, claims, lost_count, depends_on, group_key, workflow_id, progress,
+           trace_context
+    FROM moved;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_moved;
+END;
+$$;
+
+SET default_tablespace = '';
+
+CREATE TABLE notifyq.jobs_archive (
+    id uuid NOT NULL,
+    task text NOT NULL,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    status text NOT NULL,
+    priority integer NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    attempt_count integer NOT NULL,
+    max_attempts integer NOT NULL,
+    dedup_key text,
+    result jsonb,
+    last_error text,
+    errors jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    worker_id text,
+    cancel_requested_at timestamp with time zone,
+    claims integer NOT NULL,
+    lost_count integer NOT NULL,
+    depends_on uuid[] NOT NULL,
+    group_key text,
+    workflow_id uuid,
+    progress jsonb,
+    trace_context jsonb,
+    archived_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT jobs_archive_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+)
+PARTITION BY RANGE (finished_at);
+
+CREATE FUNCTION notifyq.archived_jobs_v1(p_id uuid, p_workflow_id uuid) RETURNS SETOF notifyq.jobs_archive
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    IF NOT has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
+        RETURN;
+    END IF;
+    IF p_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM notifyq.jobs_archive AS a WHERE a.id = p_id LIMIT 1;
+    ELSIF p_workflow_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM notifyq.jobs_archive AS a WHERE a.workflow_id = p_workflow_id;
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION notifyq.beat_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_running boolean[], p_lease double precision) RETURNS TABLE(id uuid, cancel_requested boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2312,6 +2477,31 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.retry_v2(p_id uuid) RETURNS TABLE(status text, refused text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+    v_gone uuid;
+BEGIN
+    SELECT j.status, j.depends_on INTO v_job FROM notifyq.jobs AS j WHERE j.id = p_id;
+    IF FOUND AND v_job.status IN ('failed', 'cancelled') AND v_job.depends_on <> '{}'
+       AND has_table_privilege('notifyq.jobs_archive', 'SELECT') THEN
+        SELECT a.id INTO v_gone FROM notifyq.jobs_archive AS a
+        WHERE a.id = ANY(v_job.depends_on) ORDER BY a.id LIMIT 1;
+        IF v_gone IS NOT NULL THEN
+            RETURN QUERY SELECT v_job.status,
+                format('job %s, which it depends on, is archived: its result is no longer this '
+                       'job''s input; enqueue it again', v_gone);
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT r.status, r.refused FROM notifyq.retry_v1(p_id) AS r;
+END;
+$$;
+
 CREATE FUNCTION notifyq.settle_v1(p_ids uuid[], p_queues text[], p_group_keys text[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2591,8 +2781,6 @@ CREATE SEQUENCE notifyq.group_seq
     NO MAXVALUE
     CACHE 1;
 
-SET default_tablespace = '';
-
 SET default_table_access_method = heap;
 
 CREATE TABLE notifyq.jobs (
@@ -2753,6 +2941,10 @@ ALTER TABLE ONLY notifyq.waiting_workers
 
 ALTER TABLE ONLY notifyq.watched_jobs
     ADD CONSTRAINT watched_jobs_pkey PRIMARY KEY (job_id, watcher);
+
+CREATE INDEX jobs_archive_id_idx ON ONLY notifyq.jobs_archive USING btree (id);
+
+CREATE INDEX jobs_archive_workflow_idx ON ONLY notifyq.jobs_archive USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
 CREATE INDEX jobs_claim_idx ON notifyq.jobs USING btree (priority DESC, run_at, id) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
 

@@ -214,6 +214,11 @@ class JobOut(BaseModel):
     progress: ProgressOut | None = Field(
         description="The handler's last progress report (null: none)."
     )
+    archived: bool = Field(
+        default=False,
+        description="Read from the archive (NOTIFYQ_ARCHIVE_AFTER): it can no longer be "
+        "retried, cancelled or deleted.",
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -241,6 +246,7 @@ class JobOut(BaseModel):
             group_key=job.group_key,
             workflow_id=job.workflow_id,
             progress=ProgressOut.of(job.progress),
+            archived=job.archived,
         )
 
 

@@ -45,13 +45,18 @@ class WorkerOptions(Arguments):
     queues: str | None
     concurrency: int | None
     poll_interval: float | None
+    archive_after: float | None
     imports: list[str] | None
 
     long_running: ClassVar[bool] = True
 
     def settings_overrides(self) -> dict[str, object]:
         overrides = super().settings_overrides()
-        overrides.update(concurrency=self.concurrency, poll_interval=self.poll_interval)
+        overrides.update(
+            concurrency=self.concurrency,
+            poll_interval=self.poll_interval,
+            archive_after=self.archive_after,
+        )
         if self.queues is not None:
             overrides["queues"] = self.queues
         if self.imports:

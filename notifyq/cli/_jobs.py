@@ -228,12 +228,21 @@ def cancel(args: CancelArgs, settings: Settings) -> int:
 
 
 def prune(args: PruneArgs, settings: Settings) -> int:
-    """Deletes the finished jobs past their keep time now, saying what it keeps."""
+    """Deletes the finished jobs past their keep time now, saying what it keeps; with
+    NOTIFYQ_ARCHIVE_AFTER, then runs the archive's pass as the maintenance leader does."""
+    from notifyq.worker import archive
     from notifyq.worker import prune as delete_finished
 
-    async def run() -> int:
+    async def run() -> tuple[int, str | None]:
         async with _queue(settings) as q:
-            return await delete_finished(q.store, settings, batch=args.batch)
+            deleted = await delete_finished(q.store, settings, batch=args.batch)
+            if settings.archive_after is None:
+                return deleted, None
+            done = await archive(q.store, settings, batch=args.batch)
+            return deleted, (
+                f"archived {done.moved} job(s); {done.created} partition(s) created, "
+                f"{done.dropped} dropped"
+            )
 
     keeps = ", ".join(
         f"{name} after {duration(value)}"
@@ -245,5 +254,8 @@ def prune(args: PruneArgs, settings: Settings) -> int:
         if value is not None
     )
     say(f"notifyq: deleting finished jobs: {keeps or 'nothing (all kept for good)'}")
-    print(f"deleted {anyio.run(run)} job(s)")
+    deleted, archived = anyio.run(run)
+    print(f"deleted {deleted} job(s)")
+    if archived is not None:
+        print(archived)
     return 0

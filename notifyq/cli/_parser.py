@@ -118,6 +118,12 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_positive_int, help="jobs run at once (default 10)")
     parser.add_argument("--poll-interval", type=_seconds, help="seconds between fallback polls")
     parser.add_argument(
+        "--archive-after",
+        type=_seconds,
+        help="seconds after which finished jobs move to the archive (default: "
+        "$NOTIFYQ_ARCHIVE_AFTER, else no archive)",
+    )
+    parser.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -221,7 +227,9 @@ def _job_commands(commands: _Commands) -> None:
     cancel.add_argument("job_ids", metavar="JOB_ID", nargs="+")
 
     prune = commands.add_parser(
-        "prune", help="delete finished jobs past their keep time (NOTIFYQ_KEEP_*) now"
+        "prune",
+        help="delete finished jobs past their keep time (NOTIFYQ_KEEP_*) now, and with "
+        "NOTIFYQ_ARCHIVE_AFTER run the archive's pass",
     )
     prune.add_argument("--batch", type=_positive_int, default=1000)
 

@@ -17,6 +17,10 @@ _CANCELLED = kwargs_row(Cancelled.of)
 _RETRIED = kwargs_row(Retried.of)
 _EXTENT = ("scanned", "last_created", "last_id")
 
+#: Why an archived job does not go back: the archive is read-only history; a job that should
+#: run again is enqueued again (its payload is in the archive).
+ARCHIVED_REFUSAL = "it is archived; an archived job does not go back: enqueue it again"
+
 #: What a bulk action does, and the statement that does it.
 BulkAction = Literal["retry", "cancel", "delete"]
 _BULK_QUERIES: dict[str, str] = {
@@ -71,8 +75,14 @@ class Managing(Runner):
     """The reads and the operators' statements of :class:`~notifyq.store.Store`."""
 
     async def get_job(self, job_id: UUID) -> Job | None:
-        """The job, or None."""
-        return await self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
+        """The job, from notifyq.jobs or else the archive (``Job.archived``), or None."""
+        job = await self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
+        return job if job is not None else await self.get_archived_job(job_id)
+
+    async def get_archived_job(self, job_id: UUID) -> Job | None:
+        """The job if it is in the archive (NOTIFYQ_ARCHIVE_AFTER), else None."""
+        params = {"id": job_id}
+        return await self._one("get_archived_job", params, _JOB, what="reading an archived job")
 
     async def list_jobs(
         self,
@@ -214,7 +224,10 @@ class Managing(Runner):
     async def cancel_job(self, job_id: UUID) -> Cancelled | None:
         """Cancels a queued job (or a running one that no live worker holds), or asks the
         worker of a running one to stop it; None: no such job."""
-        return await self._one("cancel_job", {"id": job_id}, _CANCELLED, what="cancelling a job")
+        found = await self._one("cancel_job", {"id": job_id}, _CANCELLED, what="cancelling a job")
+        if found is None and (archived := await self.get_archived_job(job_id)) is not None:
+            return Cancelled(archived.status, archived.status)  # finished: nothing to cancel
+        return found
 
     async def delete_job(self, job_id: UUID) -> bool:
         """Deletes a finished job; False when it is not finished or unknown, or while a job
@@ -226,7 +239,10 @@ class Managing(Runner):
         """Requeues one failed or cancelled job (waiting, while jobs it depends on have not
         finished); the answer says its status now and, if it did not go back, why. None: no
         such job."""
-        return await self._one("retry_job", {"id": job_id}, _RETRIED, what="retrying a job")
+        found = await self._one("retry_job", {"id": job_id}, _RETRIED, what="retrying a job")
+        if found is None and (archived := await self.get_archived_job(job_id)) is not None:
+            return Retried(archived.status, ARCHIVED_REFUSAL)
+        return found
 
     async def retry_jobs(
         self,

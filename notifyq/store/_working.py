@@ -344,6 +344,29 @@ class Working(Runner):
         deleted: int = await self._value("prune_jobs", params, what="pruning jobs")
         return deleted
 
+    async def archive_prepare(self, after: float, *, ahead: int) -> int:
+        """Creates up to 8 of the archive's missing partitions that a move of jobs finished
+        more than ``after`` seconds ago needs, and those of today and ``ahead`` days after it;
+        answers how many (call again while it answers 8)."""
+        params = {"after": after, "ahead": ahead}
+        made: int = await self._value("archive_prepare", params, what="creating archive partitions")
+        return made
+
+    async def archive(self, after: float, *, batch: int = 1000) -> int:
+        """Moves up to ``batch`` jobs finished more than ``after`` seconds ago into the
+        archive; answers how many (call again while it answers ``batch``)."""
+        params = {"after": after, "limit": batch}
+        moved: int = await self._value("archive_jobs", params, what="archiving jobs")
+        return moved
+
+    async def archive_drop(self, keep: float) -> int:
+        """Drops up to 8 of the archive's days that ended more than ``keep`` seconds ago;
+        answers how many (call again while it answers 8)."""
+        dropped: int = await self._value(
+            "archive_drop", {"keep": keep}, what="dropping archive partitions"
+        )
+        return dropped
+
     async def prune_ticks(self) -> None:
         """Deletes periodic ticks older than a week."""
         await self._execute("prune_ticks", None, what="pruning periodic ticks")

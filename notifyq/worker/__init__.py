@@ -13,8 +13,8 @@ state, the ledger (``_ledger``):
   completions also claims jobs for the slots free then (a dependent it unblocked starts at once);
 - the heartbeat (``_heartbeat``) renews leases and confirms running handlers; the rescuer
   (``_rescuer``) requeues the jobs of workers that stopped renewing theirs; retention
-  (``_maintenance``) deletes old finished jobs; the periodic enqueuer (``_periodic``) enqueues
-  cron ticks.
+  (``_maintenance``) deletes old finished jobs, or moves them to the archive; the periodic
+  enqueuer (``_periodic``) enqueues cron ticks.
 
 Stopping happens in two phases: stop claiming and give running jobs ``shutdown_grace`` seconds;
 then stop the rest and put them back in the queue at once, inside a shielded scope.
@@ -23,7 +23,7 @@ then stop the rest and put them back in the queue at once, inside a shielded sco
 
 from __future__ import annotations
 
-from notifyq.worker._maintenance import prune
+from notifyq.worker._maintenance import archive, prune
 from notifyq.worker._stats import Pulse, Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
 from notifyq.worker._supervisor import Supervisor
@@ -36,6 +36,7 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "WorkerStore",
+    "archive",
     "make_worker_id",
     "prune",
 ]

@@ -1,9 +1,10 @@
-"""A worker's upkeep besides rescue: retention of finished jobs, and queue depth for its own
-metrics port."""
+"""A worker's upkeep besides rescue: retention of finished jobs (and their archive, when on),
+and queue depth for its own metrics port."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
@@ -16,12 +17,37 @@ from notifyq.settings import Settings
 from notifyq.worker._leadership import Leadership
 from notifyq.worker._store import WorkerStore
 
-__all__ = ["DEPTH_INTERVAL", "DepthReport", "Retention", "prune"]
+__all__ = ["ARCHIVE_AHEAD_DAYS", "DEPTH_INTERVAL", "Archived", "DepthReport", "Retention",
+           "archive", "archive_keep", "prune"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between readings of queue depth for a worker's own metrics port.
 DEPTH_INTERVAL = 10.0
+#: Days after today whose archive partitions exist before any job can finish in them, so that a
+#: pass that runs across midnight (or a clock a little ahead) never meets a missing one.
+ARCHIVE_AHEAD_DAYS = 2
+#: Most partitions one statement creates or drops (notifyq.archive_prepare_v1, _drop_v1).
+_PARTITIONS_PER_CALL = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """What one archive pass did: partitions created, jobs moved, partitions dropped."""
+
+    created: int = 0
+    moved: int = 0
+    dropped: int = 0
+
+
+def archive_keep(settings: Settings) -> float | None:
+    """Seconds after which an archived day is dropped: the longest keep of the three statuses,
+    so that every row in it is past its own keep; None (kept for good) when one of them is kept
+    for good."""
+    keeps = (settings.keep_completed, settings.keep_failed, settings.keep_cancelled)
+    if any(keep is None for keep in keeps):
+        return None
+    return max(keep for keep in keeps if keep is not None)
 
 
 async def prune(store: WorkerStore, settings: Settings, *, batch: int = 1000) -> int:
@@ -44,11 +70,41 @@ async def prune(store: WorkerStore, settings: Settings, *, batch: int = 1000) ->
     return total
 
 
+async def archive(store: WorkerStore, settings: Settings, *, batch: int = 1000) -> Archived:
+    """With NOTIFYQ_ARCHIVE_AFTER set, one archive pass: creates the partitions the move needs
+    (and those of the next days), moves the finished jobs older than it into the archive
+    ``batch`` rows per statement, and drops the archived days past the longest keep
+    (:func:`archive_keep`). Each statement is its own transaction. Off: does nothing."""
+    after = settings.archive_after
+    if after is None:
+        return Archived()
+    created = dropped = moved = 0
+    while True:  # partitions before rows: a row without its partition fails the whole batch
+        made = await store.archive_prepare(after, ahead=ARCHIVE_AHEAD_DAYS)
+        created += made
+        if made < _PARTITIONS_PER_CALL:
+            break
+    while True:
+        done = await store.archive(after, batch=batch)
+        moved += done
+        if done < batch:
+            break
+        await anyio.lowlevel.checkpoint()
+    keep = archive_keep(settings)
+    while keep is not None:
+        gone = await store.archive_drop(keep)
+        dropped += gone
+        if gone < _PARTITIONS_PER_CALL:
+            break
+    return Archived(created, moved, dropped)
+
+
 class Retention:
     """Deletes finished jobs past their keep time, in small batches, every
-    ``NOTIFYQ_PRUNE_INTERVAL``, so that the hot table stays small. Only the worker that leads
-    the maintenance does it (without ``leadership``: this one); SKIP LOCKED keeps two out of
-    each other's way while the lead moves."""
+    ``NOTIFYQ_PRUNE_INTERVAL``, so that the hot table stays small; with NOTIFYQ_ARCHIVE_AFTER,
+    then moves the finished jobs older than it to the archive and drops its old days. Only the
+    worker that leads the maintenance does it (without ``leadership``: this one); SKIP LOCKED
+    keeps two out of each other's way while the lead moves."""
 
     def __init__(
         self, store: WorkerStore, settings: Settings, leadership: Leadership | None = None
@@ -69,6 +125,16 @@ class Retention:
                 if deleted:
                     logger.info("retention: deleted %d finished job(s)", deleted)
                 await self._store.prune_ticks()
+                # After the prune: a job past its keep is deleted, not moved and dropped later.
+                # Last: an archive that fails (a role not granted it yet) skips nothing else.
+                archived = await archive(self._store, self._settings)
+                if archived.moved or archived.created or archived.dropped:
+                    logger.info(
+                        "archive: moved %d finished job(s); %d partition(s) created, %d dropped",
+                        archived.moved,
+                        archived.created,
+                        archived.dropped,
+                    )
             except NotifyQError as exc:
                 logger.warning("retention failed: %s", exc)
             await anyio.sleep(self._settings.prune_interval)

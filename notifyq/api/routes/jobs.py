@@ -179,7 +179,7 @@ async def bulk_jobs(body: BulkIn, store: StoreDep) -> BulkOut:
         409: {
             "model": ErrorOut,
             "description": "Not requeued: the job is not failed or cancelled, a newer one with "
-            "its dedup_key replaces it, or a job it depends on failed.",
+            "its dedup_key replaces it, a job it depends on failed, or it is archived.",
         },
     },
     summary="Requeue a failed or cancelled job",
@@ -225,7 +225,10 @@ async def cancel_job(job_id: UUID, store: StoreDep) -> JSONResponse:
     status_code=204,
     responses={
         **NOT_FOUND,
-        409: {"model": ErrorOut, "description": "The job has not finished."},
+        409: {
+            "model": ErrorOut,
+            "description": "The job has not finished, or it is archived.",
+        },
     },
     summary="Delete a finished job",
 )
@@ -235,6 +238,10 @@ async def delete_job(job_id: UUID, store: StoreDep) -> Response:
     job = await store.get_job(job_id)
     if job is None:
         return not_found(job_id)
+    if job.archived:
+        detail = (f"job {job_id} is archived; archived jobs go with their day's partition, "
+                  "once it is past NOTIFYQ_KEEP_*")  # fmt: skip
+        return JSONResponse({"detail": detail}, status_code=409)
     return JSONResponse(
         {"detail": f"job {job_id} is {job.status.value}; cancel it first"}, status_code=409
     )
