@@ -109,7 +109,7 @@ FROM notifyq.complete_and_claim_v2(%(worker_id)s, %(ids)b::uuid[], %(claims)b::i
                                    %(take)s, %(lease)s::float8)
 
 -- Records failed attempts, one statement for a batch; a retry wakes the idle workers of its queue:
--- see notifyq.fail_v4 (sql/016).
+-- see notifyq.fail_v4 (sql/014).
 -- name: fail_jobs
 SELECT id, status FROM notifyq.fail_v4(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
                               %(errors)b::text[], %(retryable)b::boolean[], %(delays)b::float8[])

@@ -1,4 +1,4 @@
--- notifyq schema, version 16: a failed attempt that will be retried wakes the idle workers of its
+-- notifyq schema, version 14: a failed attempt that will be retried wakes the idle workers of its
 -- queue, as a snooze, a rescue and an insert do.
 --
 -- notifyq.fail_v3 puts a retried job back to queued with a later run_at and told no worker: an
