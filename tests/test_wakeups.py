@@ -47,12 +47,6 @@ class SlowLook(Store):
         super().__init__(pool)
         self._delay = delay
 
-    async def seconds_to_next_job(
-        self, *, tasks: Sequence[str], queues: Sequence[str] | None
-    ) -> float | None:
-        await anyio.sleep(self._delay)
-        return await super().seconds_to_next_job(tasks=tasks, queues=queues)
-
     async def look_and_claim(
         self,
         *,

@@ -16,6 +16,7 @@ from notifyq.store._runner import WRITE_CHUNK
 from notifyq.store._scheduling import Scheduling
 from notifyq.store._submit import ENQUEUE_CHUNK, Submitting
 from notifyq.store._sync import SyncStore
+from notifyq.store._upkeep import Upkeep
 from notifyq.store._working import Working
 
 __all__ = [
@@ -29,6 +30,6 @@ __all__ = [
 ]
 
 
-class Store(Submitting, Managing, Scheduling, Working):
+class Store(Submitting, Managing, Scheduling, Working, Upkeep):
     """Runs notifyq's queries against a pool: submitting jobs, reading and managing them, and
     the statements a worker runs. Each concern is its own base class."""

@@ -1,16 +1,16 @@
-"""The statements a worker runs: claims, outcomes, progress, heartbeats, rescue, its idle mark,
-retention, periodic ticks. Each calls one versioned function of the schema (sql/003 to 005);
-these methods are what :class:`notifyq.worker.WorkerStore` describes."""
+"""The statements a worker runs for its jobs: claims, outcomes, progress, heartbeats, task
+registrations, limits and breakers. Each calls one versioned function of the schema; with
+:class:`~notifyq.store._upkeep.Upkeep` (rescue, idle mark, lead, retention, archive, ticks) these
+methods are what :class:`notifyq.worker.WorkerStore` describes."""
 
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import kwargs_row, scalar_row, tuple_row
+from psycopg.rows import scalar_row, tuple_row
 
 from notifyq.models import (
     ClaimedJob,
@@ -19,7 +19,6 @@ from notifyq.models import (
     Held,
     JobStatus,
     Progress,
-    Rescued,
     Snoozed,
     Success,
     TaskRegistration,
@@ -27,7 +26,6 @@ from notifyq.models import (
 from notifyq.store._runner import _JOB_ID_INT, WRITE_CHUNK, Conn, Runner, fields_row
 
 _CLAIMED = fields_row(ClaimedJob)
-_RESCUED = kwargs_row(Rescued.of)
 
 
 class Working(Runner):
@@ -64,8 +62,9 @@ class Working(Runner):
         limit: int,
         lease: float,
     ) -> tuple[float | None, list[ClaimedJob]]:
-        """:meth:`seconds_to_next_job`, then :meth:`claim`, sent together in one pipeline: the
-        look comes first without a round trip of its own before the claim. Answers both."""
+        """The look for the next run_at (seconds until the earliest queued job of these tasks
+        that is not due yet, notifyq.next_due_v3), then :meth:`claim`, sent together in one
+        pipeline: the look costs no round trip of its own. Answers both."""
         look_params = {"tasks": list(tasks), "queues": None if queues is None else list(queues)}
         claim_params: dict[str, Any] = {
             **look_params,
@@ -109,16 +108,6 @@ class Working(Runner):
             "lease": lease,
         }
         return await self._all("claim_limited_jobs", params, _CLAIMED, what="claiming limited jobs")
-
-    async def seconds_to_next_job(
-        self, *, tasks: Sequence[str], queues: Sequence[str] | None
-    ) -> float | None:
-        """Seconds until the earliest queued job of these tasks that is not due yet."""
-        params = {"tasks": list(tasks), "queues": None if queues is None else list(queues)}
-        seconds: float | None = await self._value(
-            "seconds_to_next_job", params, what="looking for delayed jobs"
-        )
-        return seconds
 
     async def complete(self, worker_id: str, done: Sequence[Success]) -> set[UUID]:
         """Records successes; answers the ids written (the others had lost their lease)."""
@@ -255,48 +244,6 @@ class Working(Runner):
         )
         return _ids(rows)
 
-    async def rescue_expired(self, limit: int = 100) -> list[Rescued]:
-        """Requeues (or fails, or cancels) up to ``limit`` jobs whose lease ran out or that
-        have none."""
-        return await self._all("rescue_expired", {"limit": limit}, _RESCUED, what="rescuing jobs")
-
-    async def mark_waiting(self, worker_id: str, queues: Sequence[str] | None, ttl: float) -> bool:
-        """Registers a worker as waiting; True when the registration waited for in-flight
-        inserts (so a claim right after it sees them all)."""
-        params = {
-            "worker_id": worker_id,
-            "queues": None if queues is None else list(queues),
-            "ttl": ttl,
-        }
-        return bool(await self._value("mark_waiting", params, what="marking the worker idle"))
-
-    async def unmark_waiting(self, worker_id: str) -> None:
-        """Removes a worker's idle mark: inserts stop waking it."""
-        await self._execute(
-            "unmark_waiting", {"worker_id": worker_id}, what="marking the worker busy"
-        )
-
-    async def refresh_waiting(self, worker_id: str, ttl: float) -> None:
-        """Keeps a worker's idle mark from expiring."""
-        params = {"worker_id": worker_id, "ttl": ttl}
-        await self._execute("refresh_waiting", params, what="refreshing the idle mark")
-
-    async def lead(self, role: str, holder: str, ttl: float) -> bool:
-        """Takes or keeps the lead of ``role`` for ``ttl`` seconds; answers whether ``holder``
-        leads now (see notifyq.lead_v1)."""
-        params = {"role": role, "holder": holder, "ttl": ttl}
-        return bool(await self._value("lead", params, what="taking the lead"))
-
-    async def resign(self, role: str, holder: str) -> None:
-        """Gives up the lead of ``role``, if ``holder`` has it."""
-        params = {"role": role, "holder": holder}
-        await self._execute("resign", params, what="giving up the lead")
-
-    async def prune_waiting(self) -> None:
-        """Deletes the idle marks of workers that stopped refreshing them, and the watches of
-        processes that stopped refreshing theirs."""
-        await self._execute("prune_waiting", None, what="pruning idle marks")
-
     async def register_task(self, task: TaskRegistration) -> None:
         """Records a task, its options, limits and breaker, for all workers and the API."""
         params = {
@@ -322,54 +269,6 @@ class Working(Runner):
         return await self._all(
             "take_breaker_probes", {"tasks": list(tasks)}, scalar_row, what="probing breakers"
         )
-
-    async def enqueue_tick(self, task: str, tick: datetime, payload_json: str) -> UUID | None:
-        """Enqueues the job of one tick of a periodic task; None when another worker did."""
-        job_id: UUID | None = await self._value(
-            "enqueue_tick",
-            {"task": task, "tick": tick, "payload": payload_json},
-            what="enqueueing a periodic job",
-        )
-        return job_id
-
-    async def database_now(self) -> datetime:
-        """The database's clock."""
-        now: datetime = await self._value("database_now", None, what="reading the clock")
-        return now
-
-    async def prune(self, status: JobStatus, keep: float, *, batch: int = 1000) -> int:
-        """Deletes up to ``batch`` jobs in ``status`` finished more than ``keep`` seconds ago;
-        answers how many (call again while it answers ``batch``)."""
-        params = {"status": status.value, "keep": keep, "limit": batch}
-        deleted: int = await self._value("prune_jobs", params, what="pruning jobs")
-        return deleted
-
-    async def archive_prepare(self, after: float, *, ahead: int) -> int:
-        """Creates up to 8 of the archive's missing partitions that a move of jobs finished
-        more than ``after`` seconds ago needs, and those of today and ``ahead`` days after it;
-        answers how many (call again while it answers 8)."""
-        params = {"after": after, "ahead": ahead}
-        made: int = await self._value("archive_prepare", params, what="creating archive partitions")
-        return made
-
-    async def archive(self, after: float, *, batch: int = 1000) -> int:
-        """Moves up to ``batch`` jobs finished more than ``after`` seconds ago into the
-        archive; answers how many (call again while it answers ``batch``)."""
-        params = {"after": after, "limit": batch}
-        moved: int = await self._value("archive_jobs", params, what="archiving jobs")
-        return moved
-
-    async def archive_drop(self, keep: float) -> int:
-        """Drops up to 8 of the archive's days that ended more than ``keep`` seconds ago;
-        answers how many (call again while it answers 8)."""
-        dropped: int = await self._value(
-            "archive_drop", {"keep": keep}, what="dropping archive partitions"
-        )
-        return dropped
-
-    async def prune_ticks(self) -> None:
-        """Deletes periodic ticks older than a week."""
-        await self._execute("prune_ticks", None, what="pruning periodic ticks")
 
 
 def _held_params(worker_id: str, held: Sequence[Held]) -> dict[str, Any]:

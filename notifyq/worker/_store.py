@@ -66,10 +66,6 @@ class WorkerStore(Protocol):
         lease: float,
     ) -> list[ClaimedJob]: ...
 
-    async def seconds_to_next_job(
-        self, *, tasks: Sequence[str], queues: Sequence[str] | None
-    ) -> float | None: ...
-
     async def take_breaker_probes(self, tasks: Sequence[str]) -> list[str]: ...
 
     async def mark_waiting(
