@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from notifyq.models import ClaimedJob
-from notifyq.store._runner import fields_row
+from notifyq.store._runner import fields_and_row, fields_row
 
 
 async def test_a_statement_whose_columns_drift_from_its_type_fails_naming_both(conn: Any) -> None:
@@ -29,3 +29,33 @@ async def test_the_claim_answers_rows_of_its_type(conn: Any) -> None:
     )  # fmt: skip
     (job,) = await cursor.fetchall()
     assert isinstance(job, ClaimedJob) and (job.task, job.attempt, job.claim) == ("echo", 1, 1)
+
+
+async def test_the_look_and_the_claim_answer_the_jobs_then_the_next_run_at(conn: Any) -> None:
+    from notifyq.queries import load_queries
+
+    await conn.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo'), ('echo')")
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task, run_at) VALUES ('echo', now() + interval '90 seconds')"
+    )
+    cursor = conn.cursor(row_factory=fields_and_row(ClaimedJob, "due"))
+    query = load_queries()["look_and_claim_jobs"]
+    params = {"worker_id": "w", "tasks": ["echo"], "queues": None, "limit": 5, "lease": 30.0}
+    await cursor.execute(query, params)
+    *jobs, (last, due) = await cursor.fetchall()
+    assert [job.task for job, _ in jobs] == ["echo", "echo"]
+    assert all(isinstance(job, ClaimedJob) and no_due is None for job, no_due in jobs)
+    assert last is None and 85 < due <= 90
+    # Nothing left that is due: no job, and the look still answers.
+    await cursor.execute(query, params)
+    assert [(job, round(due)) for job, due in await cursor.fetchall()] == [(None, 90)]
+    await conn.execute("DELETE FROM notifyq.jobs")
+    await cursor.execute(query, params)
+    assert await cursor.fetchall() == [(None, None)]
+
+
+async def test_a_look_and_claim_whose_columns_drift_fails_naming_both(conn: Any) -> None:
+    cursor = conn.cursor(row_factory=fields_and_row(ClaimedJob, "due"))
+    with pytest.raises(TypeError, match=r"do not match ClaimedJob's and due"):
+        await cursor.execute("SELECT gen_random_uuid() AS id, 1.0 AS due")
+        await cursor.fetchall()

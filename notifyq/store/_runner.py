@@ -66,6 +66,30 @@ def fields_row(cls: type[T]) -> AsyncRowFactory[T]:
     return per_statement
 
 
+def fields_and_row(cls: type[T], extra: str) -> AsyncRowFactory[tuple[T | None, Any]]:
+    """Like :func:`fields_row`, for a statement whose columns are ``cls``'s fields and then
+    ``extra``: each row answers ``(cls(...), extra)``, but a row whose first column is null
+    answers ``(None, extra)`` (a statement that sends one more answer after its rows)."""
+    encoded = (*(field.name.encode() for field in dataclasses.fields(cls)), extra.encode())  # type: ignore[arg-type]
+    count = len(encoded) - 1
+
+    def per_statement(cursor: Any) -> Callable[[Sequence[Any]], tuple[T | None, Any]]:
+        result = cursor.pgresult
+        found = result.nfields if result is not None else 0
+        if tuple(map(result.fname, range(found))) != encoded:
+            names = tuple(column.name for column in cursor.description or ())
+            raise TypeError(f"the columns {names} do not match {cls.__name__}'s and {extra}")
+
+        def row(values: Sequence[Any]) -> tuple[T | None, Any]:
+            if values[0] is None:
+                return None, values[count]
+            return cls(*values[:count]), values[count]
+
+        return row
+
+    return per_statement
+
+
 class Runner:
     """Runs notifyq's named queries (sql/queries.sql) against ``pool``.
 

@@ -9,7 +9,6 @@ from collections.abc import Container, Iterable, Sequence
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg.rows import scalar_row, tuple_row
 
 from notifyq.models import (
@@ -23,9 +22,17 @@ from notifyq.models import (
     Success,
     TaskRegistration,
 )
-from notifyq.store._runner import _JOB_ID_INT, WRITE_CHUNK, Conn, Runner, fields_row
+from notifyq.store._runner import (
+    _JOB_ID_INT,
+    WRITE_CHUNK,
+    Runner,
+    fields_and_row,
+    fields_row,
+)
 
 _CLAIMED = fields_row(ClaimedJob)
+#: The rows of look_and_claim_jobs: each claimed job with a null due, then (None, the look's due).
+_CLAIMED_THEN_DUE = fields_and_row(ClaimedJob, "due")
 
 
 class Working(Runner):
@@ -62,33 +69,27 @@ class Working(Runner):
         limit: int,
         lease: float,
     ) -> tuple[float | None, list[ClaimedJob]]:
-        """The look for the next run_at (seconds until the earliest queued job of these tasks
-        that is not due yet, notifyq.next_due_v3), then :meth:`claim`, sent together in one
-        pipeline: the look costs no round trip of its own. Answers both."""
-        look_params = {"tasks": list(tasks), "queues": None if queues is None else list(queues)}
-        claim_params: dict[str, Any] = {
-            **look_params,
+        """:meth:`claim` and the look for the next run_at (seconds until the earliest queued
+        job of these tasks that is not due yet, notifyq.next_due_v3), in one statement: the
+        look costs the claim no round trip, and reads the same now(). Answers both."""
+        params: dict[str, Any] = {
             "worker_id": worker_id,
+            "tasks": list(tasks),
+            "queues": None if queues is None else list(queues),
             "limit": limit,
             "lease": lease,
-            "probe": False,
         }
-        look_query, claim_query = self._q["seconds_to_next_job"], self._q["claim_jobs"]
-
-        async def on(c: Conn) -> tuple[float | None, list[ClaimedJob]]:
-            look = c.cursor(row_factory=tuple_row)
-            claim = c.cursor(row_factory=_CLAIMED)
-            if psycopg.Pipeline.is_supported():
-                async with c.pipeline():
-                    await look.execute(look_query, look_params)
-                    await claim.execute(claim_query, claim_params)
-            else:  # a libpq older than 14: two round trips, in the same order
-                await look.execute(look_query, look_params)
-                await claim.execute(claim_query, claim_params)
-            row = await look.fetchone()
-            return (None if row is None else row[0]), await claim.fetchall()
-
-        return await self._on_connection(on, what="claiming jobs", conn=None)
+        rows = await self._all(
+            "look_and_claim_jobs", params, _CLAIMED_THEN_DUE, what="claiming jobs"
+        )
+        due: float | None = None
+        claimed: list[ClaimedJob] = []
+        for job, row_due in rows:
+            if job is None:
+                due = row_due
+            else:
+                claimed.append(job)
+        return due, claimed
 
     async def claim_limited(
         self,

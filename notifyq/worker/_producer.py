@@ -13,7 +13,8 @@ The look for the next ``run_at`` comes before the claim that ends in a sleep, ne
 job that falls due between the two statements is then due for the claim (or counted by the
 look), where a look made after the claim would leave it out (it is due already) while the claim
 found it not due yet, and the worker would sleep until its poll with the job due. The two are
-sent together, in one pipeline (``look_and_claim``), so the look costs a wake-up no round trip.
+one statement (``look_and_claim``), so they read the same now() and the look costs a wake-up no
+round trip.
 """
 
 from __future__ import annotations
@@ -216,8 +217,8 @@ class Producer:
                     continue
                 try:
                     if look_first:
-                        # The look and the claim go out together: no round trip between a
-                        # wake-up and its claim.
+                        # The look and the claim are one statement: no round trip between
+                        # a wake-up and its claim.
                         due, claimed = await self._store.look_and_claim(
                             worker_id=self._worker_id,
                             tasks=self._tasks,
