@@ -198,10 +198,10 @@ BEGIN
                 ORDER BY j.group_seq
                 LIMIT 1) AS id
         FROM groups AS g
-        WHERE NOT EXISTS (
-            SELECT 1 FROM notifyq.jobs AS j
-            WHERE j.queue = g.queue AND j.group_key = g.group_key
-              AND j.status IN ('waiting', 'queued', 'processing') AND NOT j.group_blocked)
+        WHERE (SELECT true FROM notifyq.jobs AS j
+               WHERE j.queue = g.queue AND j.group_key = g.group_key
+                 AND j.status IN ('waiting', 'queued', 'processing') AND NOT j.group_blocked
+               LIMIT 1) IS NULL
     )
     UPDATE notifyq.jobs AS j SET group_blocked = false
     FROM heads AS h

@@ -418,6 +418,45 @@ async def test_a_cancelled_head_lets_the_next_member_run(settings: Settings, con
             assert (await q.wait(second.job_id, timeout=10)).status is JobStatus.COMPLETED
 
 
+async def test_a_group_moves_on_reading_its_own_members_on_a_table_full_of_finished_jobs(
+    conn: Any,
+) -> None:
+    """On a table that ANALYZE saw full of finished jobs, as a queue in service has, the planner
+    expects no pending member of any group: advancing one group must still look at that group's
+    members only, not at every pending grouped job (sql/016)."""
+    await conn.execute("ALTER TABLE notifyq.jobs SET (autovacuum_enabled = false)")
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task) SELECT 'echo' FROM generate_series(1, 2000)"
+    )
+    ids, claims = zip(
+        *await (
+            await conn.execute(
+                "SELECT id, claims FROM notifyq.claim_v4('w', '{echo}', NULL, 2000, 60, false)"
+            )
+        ).fetchall(),
+        strict=True,
+    )
+    await conn.execute(
+        "SELECT notifyq.complete_v3('w', %s::uuid[], %s::integer[], %s::jsonb[])",
+        [list(ids), list(claims), ["{}"] * len(ids)],
+    )
+    await conn.execute("ANALYZE notifyq.jobs")
+    # 500 groups of two: each head queued and unblocked, the member behind it blocked.
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task, group_key) "
+        "SELECT 'echo', 'k' || (g % 500) FROM generate_series(1, 1000) AS g ORDER BY g"
+    )
+    read = "SELECT pg_stat_get_xact_tuples_returned('notifyq.jobs_group_idx'::regclass)"
+    async with conn.transaction():
+        before = (await (await conn.execute(read)).fetchone())[0]
+        moved = await (
+            await conn.execute("SELECT * FROM notifyq.advance_groups_v1('{default}', '{k7}')")
+        ).fetchall()
+        after = (await (await conn.execute(read)).fetchone())[0]
+    assert moved == []  # k7's head is still pending: nothing moves
+    assert after - before <= 4, f"advancing one group read {after - before} grouped jobs"
+
+
 # -- snooze, progress, waits ---------------------------------------------------------------
 
 
