@@ -993,21 +993,44 @@ CREATE FUNCTION notifyq.claim_v4(p_worker_id text, p_tasks text[], p_queues text
 DECLARE
     v_ids uuid[];
 BEGIN
-    v_ids := ARRAY(
-        SELECT j.id
-        FROM notifyq.jobs AS j
-        WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
-          AND j.task = ANY(p_tasks)
-          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                         WHERE t.breaker_open_until IS NOT NULL))
-          AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
-                              WHERE q.paused OR q.rate_limit IS NOT NULL)
-          AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                             WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT p_limit
-        FOR NO KEY UPDATE SKIP LOCKED);
+    IF p_queues IS NULL THEN
+        v_ids := ARRAY(
+            SELECT j.id
+            FROM notifyq.jobs AS j
+            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+              AND j.task = ANY(p_tasks)
+              AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                             WHERE t.breaker_open_until IS NOT NULL))
+              AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+                                  WHERE q.paused OR q.rate_limit IS NOT NULL)
+              AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                 WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT p_limit
+            FOR NO KEY UPDATE SKIP LOCKED);
+    ELSE
+        v_ids := ARRAY(
+            SELECT c.id
+            FROM (SELECT DISTINCT s.name FROM unnest(p_queues) AS s(name)) AS served
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                FROM notifyq.jobs AS j
+                WHERE j.queue = served.name
+                  AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+                  AND j.task = ANY(p_tasks)
+                  AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                                 WHERE t.breaker_open_until IS NOT NULL))
+                  AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+                                      WHERE q.paused OR q.rate_limit IS NOT NULL)
+                  AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                     WHERE t.max_concurrency IS NOT NULL
+                                        OR t.rate_limit IS NOT NULL)
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT p_limit
+                FOR NO KEY UPDATE SKIP LOCKED) AS c
+            ORDER BY c.priority DESC, c.run_at, c.id
+            LIMIT p_limit);
+    END IF;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
@@ -2963,6 +2986,8 @@ CREATE INDEX jobs_group_idx ON notifyq.jobs USING btree (queue, group_key, group
 CREATE INDEX jobs_lease_idx ON notifyq.jobs USING btree (lease_expires_at NULLS FIRST) WHERE (status = 'processing'::text);
 
 CREATE UNIQUE INDEX jobs_pending_dedup_idx ON notifyq.jobs USING btree (queue, dedup_key) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (dedup_key IS NOT NULL));
+
+CREATE INDEX jobs_queue_claim_idx ON notifyq.jobs USING btree (queue, priority DESC, run_at, id) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
 
 CREATE INDEX jobs_workflow_idx ON notifyq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 

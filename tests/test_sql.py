@@ -311,3 +311,54 @@ async def test_a_bulk_insert_after_a_registration_in_the_same_transaction_sees_i
         "GROUP BY 1, 2, 3 ORDER BY 1"
     )
     assert await cursor.fetchall() == [("default", 0, 3, 100), ("images", 5, 2, 100)]
+
+
+# -- claims of a worker that names its queues (sql/017) ------------------------------------
+
+
+async def test_a_claim_for_some_queues_takes_theirs_in_the_claim_order(conn: Any) -> None:
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task, queue, priority, payload, run_at) VALUES "
+        "('echo', 'a', 0, '{\"n\": 1}', now() - interval '3 seconds'), "
+        "('echo', 'b', 5, '{\"n\": 2}', now() - interval '1 second'), "
+        "('echo', 'a', 5, '{\"n\": 3}', now() - interval '2 seconds'), "
+        "('echo', 'b', 0, '{\"n\": 4}', now() - interval '4 seconds'), "
+        "('echo', 'c', 9, '{\"n\": 5}', now() - interval '5 seconds')"
+    )
+    claim = "SELECT payload->>'n' FROM notifyq.claim_v4('w', '{echo}', %s, %s, 60, false)"
+
+    async def take(queues: list[str], limit: int) -> set[str]:
+        return {n for (n,) in await (await conn.execute(claim, [queues, limit])).fetchall()}
+
+    # Priority first, then run_at, across the queues served; queue c is not served.
+    assert await take(["a", "b", "a"], 2) == {"3", "2"}
+    assert await take(["b", "a"], 1) == {"4"}
+    assert await take(["a", "b"], 10) == {"1"}
+    assert await take(["a", "b"], 10) == set()
+    row = await (
+        await conn.execute("SELECT status FROM notifyq.jobs WHERE payload->>'n' = '5'")
+    ).fetchone()
+    assert row == ("queued",)
+
+
+async def test_a_claim_for_one_queue_reads_none_of_the_other_queues_jobs(conn: Any) -> None:
+    await conn.execute("ALTER TABLE notifyq.jobs SET (autovacuum_enabled = false)")
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task, queue) SELECT 'echo', 'default' "
+        "FROM generate_series(1, 3000)"
+    )
+    await conn.execute("INSERT INTO notifyq.jobs (task, queue) VALUES ('echo', 'email')")
+    await conn.execute("ANALYZE notifyq.jobs")
+    # Index entries read, by every index of the table: the claim's walk, whichever it takes.
+    fetched = (
+        "SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::int FROM pg_index "
+        "WHERE indrelid = 'notifyq.jobs'::regclass"
+    )
+    claim = "SELECT queue FROM notifyq.claim_v4('w', '{echo}', '{email}', 50, 60, false)"
+    for expected in (["email"], []):  # one job, then an empty claim
+        async with conn.transaction():
+            before = (await (await conn.execute(fetched)).fetchone())[0]
+            claimed = [queue for (queue,) in await (await conn.execute(claim)).fetchall()]
+            after = (await (await conn.execute(fetched)).fetchone())[0]
+        assert claimed == expected
+        assert after - before <= 5, f"the claim read {after - before} index entries"

@@ -97,6 +97,8 @@ ALTER TABLE bench.jobs ADD CONSTRAINT jobs_trace_context_bounded CHECK (
 CREATE INDEX ON bench.jobs (priority DESC, run_at, id)
     WHERE status = 'queued' AND NOT group_blocked;
 CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued' AND NOT group_blocked;
+CREATE INDEX ON bench.jobs (queue, priority DESC, run_at, id)
+    WHERE status = 'queued' AND NOT group_blocked;
 CREATE INDEX ON bench.jobs (lease_expires_at NULLS FIRST) WHERE status = 'processing';
 CREATE UNIQUE INDEX ON bench.jobs (queue, dedup_key)
     WHERE status IN ('waiting', 'queued') AND dedup_key IS NOT NULL;
