@@ -4,7 +4,7 @@
 -- keep working beside this.
 
 -- The claim index (sql/005) is in the order jobs are claimed, across every queue: a worker
--- started with --queue email walked it past every queued job of the other queues, at each
+-- started with --queues email walked it past every queued job of the other queues, at each
 -- claim, empty ones included. With 200,000 jobs queued in "default", a claim of the "email"
 -- worker took 170-200 ms of the server's CPU, at every notification and every poll. The same
 -- order, per queue: one short walk of each served queue.
