@@ -9,9 +9,11 @@
 -- worker took 170-200 ms of the server's CPU, at every notification and every poll. The same
 -- order, per queue: one short walk of each served queue.
 --
--- A plain CREATE INDEX: it holds off inserts (not reads or claims) while it is built, a second
--- or so a million queued jobs; finished jobs are not in it.
-CREATE INDEX jobs_queue_claim_idx ON notifyq.jobs (queue, priority DESC, run_at, id)
+-- A migration runs in a transaction, where CREATE INDEX CONCURRENTLY cannot: this build holds
+-- off inserts (not reads or claims) while it reads the whole table, finished jobs included. On
+-- a table of many millions of rows, create it CONCURRENTLY by hand first, with this name and
+-- definition (README, "Upgrading"); the migration then finds it and goes on.
+CREATE INDEX IF NOT EXISTS jobs_queue_claim_idx ON notifyq.jobs (queue, priority DESC, run_at, id)
     WHERE status = 'queued' AND NOT group_blocked;
 
 -- claim_v4 (sql/007), the same for a worker that serves every queue; for one that names its

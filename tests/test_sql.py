@@ -13,6 +13,7 @@ from notifyq.migrations import latest_version, migrate
 from notifyq.queries import load_migrations
 from notifyq.settings import Settings
 from tests.helpers import wait_until
+from tests.readme import readme_block
 
 
 async def scalar(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) -> Any:
@@ -362,3 +363,29 @@ async def test_a_claim_for_one_queue_reads_none_of_the_other_queues_jobs(conn: A
             after = (await (await conn.execute(fetched)).fetchone())[0]
         assert claimed == expected
         assert after - before <= 5, f"the claim read {after - before} index entries"
+
+
+async def test_the_readmes_concurrent_index_before_version_17_is_the_one_it_would_make(
+    empty_db_url: str, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README, "Upgrading a large table to schema version 17": the index built by hand before
+    the migration is the migration's own, and the migration then goes on."""
+    settings = Settings.load(database_url=empty_db_url)
+    everything = load_migrations()
+    monkeypatch.setattr(
+        "notifyq.migrations.load_migrations", lambda: [m for m in everything if m.version < 17]
+    )
+    await migrate(settings, progress=lambda _: None)
+    async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
+        await conn.execute(readme_block("CREATE INDEX CONCURRENTLY IF NOT EXISTS"))
+    monkeypatch.setattr("notifyq.migrations.load_migrations", lambda: everything)
+    assert [m.version for m in await migrate(settings, progress=lambda _: None)] == [
+        m.version for m in everything if m.version >= 17
+    ]
+    definition = (
+        "SELECT pg_get_indexdef(indexrelid) FROM pg_index "
+        "WHERE indexrelid = 'notifyq.jobs_queue_claim_idx'::regclass"
+    )
+    async with await psycopg.AsyncConnection.connect(empty_db_url) as by_hand:
+        async with await psycopg.AsyncConnection.connect(db_url) as migrated:
+            assert await scalar(by_hand, definition) == await scalar(migrated, definition)
