@@ -45,22 +45,32 @@ K = TypeVar("K", bound=Keyed)
 _JOB_ID_INT = operator.attrgetter("job_id.int")
 
 
+def _field_names(cls: type[Any]) -> tuple[bytes, ...]:
+    """A dataclass's field names as a result holds its column names: reading them there is a C
+    call a column, where ``cursor.description`` builds a Column object (several Python calls)
+    for each."""
+    return tuple(field.name.encode() for field in dataclasses.fields(cls))
+
+
+def _check_columns(cursor: Any, expected: tuple[bytes, ...], what: str) -> None:
+    """Raises TypeError, naming the statement's columns and ``what`` they should be, unless the
+    columns of ``cursor``'s result are ``expected``, in order."""
+    result = cursor.pgresult
+    count = result.nfields if result is not None else 0
+    if tuple(map(result.fname, range(count))) != expected:
+        names = tuple(column.name for column in cursor.description or ())
+        raise TypeError(f"the columns {names} do not match {what}")
+
+
 def fields_row(cls: type[T]) -> AsyncRowFactory[T]:
     """A row factory for a dataclass whose fields are the statement's columns, in order: the
     names are checked once per statement (a query that drifts from the type fails at once,
     naming both), and each row is built positionally (``class_row`` builds a dict per row: a
     microsecond a claimed job)."""
-    fields = tuple(field.name for field in dataclasses.fields(cls))  # type: ignore[arg-type]
-    # The names as the result holds them: reading them there is a C call a column, where
-    # ``cursor.description`` builds a Column object (several Python calls) for each.
-    encoded = tuple(name.encode() for name in fields)
+    encoded = _field_names(cls)
 
     def per_statement(cursor: Any) -> Callable[[Sequence[Any]], T]:
-        result = cursor.pgresult
-        count = result.nfields if result is not None else 0
-        if tuple(map(result.fname, range(count))) != encoded:
-            names = tuple(column.name for column in cursor.description or ())
-            raise TypeError(f"the columns {names} do not match the fields of {cls.__name__}")
+        _check_columns(cursor, encoded, f"the fields of {cls.__name__}")
         return lambda values: cls(*values)
 
     return per_statement
@@ -70,15 +80,12 @@ def fields_and_row(cls: type[T], extra: str) -> AsyncRowFactory[tuple[T | None, 
     """Like :func:`fields_row`, for a statement whose columns are ``cls``'s fields and then
     ``extra``: each row answers ``(cls(...), extra)``, but a row whose first column is null
     answers ``(None, extra)`` (a statement that sends one more answer after its rows)."""
-    encoded = (*(field.name.encode() for field in dataclasses.fields(cls)), extra.encode())  # type: ignore[arg-type]
-    count = len(encoded) - 1
+    fields = _field_names(cls)
+    encoded = (*fields, extra.encode())
+    count = len(fields)
 
     def per_statement(cursor: Any) -> Callable[[Sequence[Any]], tuple[T | None, Any]]:
-        result = cursor.pgresult
-        found = result.nfields if result is not None else 0
-        if tuple(map(result.fname, range(found))) != encoded:
-            names = tuple(column.name for column in cursor.description or ())
-            raise TypeError(f"the columns {names} do not match {cls.__name__}'s and {extra}")
+        _check_columns(cursor, encoded, f"{cls.__name__}'s and {extra}")
 
         def row(values: Sequence[Any]) -> tuple[T | None, Any]:
             if values[0] is None:
