@@ -25,6 +25,7 @@ from notifyq_bench.scenarios import (
     history,
     insert_trigger,
     latency,
+    lean,
     memory,
     multihost,
     throughput,
@@ -38,6 +39,7 @@ __all__ = ["SCENARIOS", "Context", "Scenario", "Sizes"]
 SCENARIOS: dict[str, Scenario] = {
     scenario.name: scenario
     for scenario in (
+        lean.SCENARIO,
         latency.SCENARIO,
         throughput.SCENARIO,
         memory.SCENARIO,
