@@ -123,7 +123,7 @@ async def test_the_fastapi_recipe_answers_once_the_order_and_its_job_are_committ
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(readme_block("CREATE TABLE orders"))
+        conn.execute(readme_block("CREATE TABLE IF NOT EXISTS orders"))
     monkeypatch.setenv("DATABASE_URL", db_url)
     app = module_from_readme("# shop_api.py", tmp_path).app
     async with app.router.lifespan_context(app):

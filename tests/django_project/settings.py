@@ -14,7 +14,15 @@ _server = conninfo_to_dict(os.environ["DATABASE_URL"])
 
 SECRET_KEY = "only-for-tests"
 DEBUG = False
-ALLOWED_HOSTS = ["testserver"]
+ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
+# The middleware `django-admin startproject` writes, CSRF's included (the README's curl must
+# pass it), less the session, auth and messages ones, whose apps this project does not install.
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
 USE_TZ = True
 ROOT_URLCONF = "tests.django_project.urls"
 INSTALLED_APPS = ["notifyq.django", "tests.django_project.shop"]

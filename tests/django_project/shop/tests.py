@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
-from django.test import SimpleTestCase, TestCase, TransactionTestCase, override_settings
+from django.test import Client, SimpleTestCase, TestCase, TransactionTestCase, override_settings
 
 import notifyq
 from notifyq.django import (
@@ -109,7 +109,7 @@ class EnqueueInTheTransactionTests(TransactionTestCase):
         self.assertEqual(Order.objects.count(), 0)
 
     def test_a_view_commits_the_order_and_its_job_together(self):
-        answer = self.client.post("/checkout", {"total": 42})
+        answer = self.client.post("/checkout", {"total": 42}, content_type="application/json")
         self.assertEqual(answer.status_code, 201)
         created = answer.json()
         job = stored(created["job_id"])
@@ -118,8 +118,25 @@ class EnqueueInTheTransactionTests(TransactionTestCase):
     def test_a_view_that_fails_leaves_neither(self):
         self.client.raise_request_exception = False
         before = self.receipts()
-        answer = self.client.post("/checkout", {"total": 42, "refused": "yes"})
+        answer = self.client.post(
+            "/checkout", {"total": 42, "refused": True}, content_type="application/json"
+        )
         self.assertEqual(answer.status_code, 500)
+        self.assertEqual(Order.objects.count(), 0)
+        self.assertEqual(self.receipts(), before)
+
+    def test_the_json_view_answers_a_client_without_a_csrf_token(self):
+        # As curl calls it: no cookie, no token; the test client skips the check unless told.
+        client = Client(enforce_csrf_checks=True)
+        answer = client.post("/checkout", {"total": 42}, content_type="application/json")
+        self.assertEqual(answer.status_code, 201, answer.content)
+
+    def test_the_json_view_refuses_a_form_which_another_sites_page_could_send(self):
+        before = self.receipts()
+        client = Client(enforce_csrf_checks=True)
+        self.assertEqual(client.post("/checkout", {"total": 42}).status_code, 415)
+        bad = client.post("/checkout", "{", content_type="application/json")
+        self.assertEqual(bad.status_code, 400)
         self.assertEqual(Order.objects.count(), 0)
         self.assertEqual(self.receipts(), before)
 

@@ -1,0 +1,247 @@
+"""The README's snippets a user would paste, run exactly as printed: the Python examples of
+"Submitting jobs" (each a file of its own, run by ``python``, a real worker running beside it),
+its SQL, the curl commands of the FastAPI and Django recipes against a real server, and the
+ports the README has servers listen on, which must not collide with each other.
+
+The one liberty taken: a server started here listens on a free port, not the README's, and the
+README's command that reaches it has its port mapped to that one (another test, or a developer's
+``notifyq dev``, may hold the README's port)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.helpers import ROOT, Process, notifyq_env, processes
+from tests.readme import README, readme_block
+
+# The port of every server command the README's shell blocks run, when they name none.
+DEFAULT_PORT = 8000
+SERVER = re.compile(
+    r"(?P<server>notifyq (?:dev|serve)|uvicorn \S+|manage\.py runserver)"
+    r"(?P<args>[^#\n]*)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def shell_blocks() -> list[str]:
+    text = README.read_text()
+    return [m.group(1) for m in re.finditer(r"^```sh\n(.*?)^```$", text, re.M | re.S)]
+
+
+def shell_line(start: str, *holding: str) -> str:
+    """The README's shell line that starts with ``start`` and holds each of ``holding``."""
+    for block in shell_blocks():
+        for line in block.splitlines():
+            if line.startswith(start) and all(part in line for part in holding):
+                return line
+    raise AssertionError(f"README.md has no shell line {start!r}...{holding!r}")
+
+
+def server_port(server: str, args: str) -> int:
+    words = shlex.split(args, comments=True)
+    if "--port" in words:
+        return int(words[words.index("--port") + 1])
+    if server == "manage.py runserver" and words and words[0].isdigit():
+        return int(words[0])
+    return DEFAULT_PORT
+
+
+def on_port(command: str, readme_port: int, port: int) -> str:
+    """``command`` with the README's port of a server replaced by this test's."""
+    mapped = command.replace(f"127.0.0.1:{readme_port}", f"127.0.0.1:{port}")
+    mapped = mapped.replace(f"--port {readme_port}", f"--port {port}")
+    assert mapped != command, f"{command!r} names no port {readme_port}"
+    return mapped
+
+
+def run_python(first_line: str, tmp_path: Path, db_url: str, timeout: float = 60) -> str:
+    """Runs the README's Python block as ``python <file>``, its first line naming the file (or
+    ``snippet.py``), and answers what it printed."""
+    name = first_line.removeprefix("# ") if first_line.startswith("# ") else "snippet.py"
+    (tmp_path / name).write_text(readme_block(first_line))
+    run = subprocess.run(
+        [sys.executable, name],
+        cwd=tmp_path,
+        env=notifyq_env(db_url),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def curl(command: str) -> dict[str, object]:
+    run = subprocess.run(
+        ["sh", "-c", command + " --fail-with-body -sS"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    answer: dict[str, object] = json.loads(run.stdout)
+    return answer
+
+
+def worker(start: object, db_url: str) -> Process:
+    assert callable(start)
+    process: Process = start("worker", env=notifyq_env(db_url), name="worker")
+    process.wait_for_output("ready")
+    return process
+
+
+def rows(db_url: str, query: str, *params: object) -> list[tuple[object, ...]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def wait_for_port(process: Process, port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert process.popen.poll() is None, process.output()
+        assert time.monotonic() < deadline, f"nothing on port {port}:\n{process.output()}"
+        time.sleep(0.05)
+
+
+# -- ports -----------------------------------------------------------------------------------
+
+
+def test_the_readmes_servers_each_listen_on_a_port_of_their_own() -> None:
+    # A user follows the README with `notifyq dev` still running on 8000: every other server
+    # it starts needs another port, and every curl must reach one of them.
+    servers: dict[int, set[str]] = defaultdict(set)
+    for block in shell_blocks():
+        for line in block.splitlines():
+            for match in SERVER.finditer(line.split(" #", 1)[0]):
+                servers[server_port(match["server"], match["args"])].add(match["server"])
+    assert servers[DEFAULT_PORT] == {"notifyq dev"}, dict(servers)
+    shared = {port: names for port, names in servers.items() if len(names) > 1}
+    assert not shared, f"servers of the README sharing a port: {shared}"
+    for block in shell_blocks():
+        for port in re.findall(r"curl .*?http://127\.0\.0\.1:(\d+)/", block):
+            assert int(port) in servers, f"a curl to port {port}, where no server listens"
+
+
+# -- Submitting jobs -------------------------------------------------------------------------
+
+
+def test_the_queue_examples_run_as_printed(db_url: str, tmp_path: Path) -> None:
+    with processes(tmp_path) as start:
+        worker(start, db_url)
+        out = run_python("import asyncio\nimport notifyq\n", tmp_path, db_url)
+        assert out == "completed {'n': 1}\n"
+        run_python("import notifyq\n\nqueue = notifyq.SyncQueue()", tmp_path, db_url)
+    assert rows(db_url, "SELECT count(*) FROM notifyq.jobs") == [(1 + 1000 + 1 + 1000 + 2,)]
+
+
+def test_the_in_transaction_example_commits_the_order_with_its_job(
+    db_url: str, tmp_path: Path
+) -> None:
+    printed = run_python("# in_transaction.py", tmp_path, db_url)
+    order, job_id = printed.split()
+    assert rows(
+        db_url, "SELECT id::text, task, payload->>'order' FROM notifyq.jobs ORDER BY created_at"
+    ) == [(job_id, "send_receipt", order)]
+    assert rows(db_url, "SELECT id::text, total FROM orders") == [(order, 42)]
+
+
+def test_every_readme_snippet_that_writes_orders_shares_one_table(
+    db_url: str, tmp_path: Path
+) -> None:
+    # Pasted one after the other into one database, the in-transaction example, the FastAPI
+    # recipe's table and the SQLAlchemy recipe must agree on `orders`.
+    run_python("# in_transaction.py", tmp_path, db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(readme_block("CREATE TABLE IF NOT EXISTS orders"))
+    run_python("# in_transaction.py", tmp_path, db_url)
+    pytest.importorskip("sqlalchemy")
+    run_python("# orders.py", tmp_path, db_url)
+    assert rows(db_url, "SELECT total FROM orders ORDER BY id") == [(42,), (42,), (42,), (43,)]
+
+
+def test_the_dependencies_example_runs_as_printed(db_url: str, tmp_path: Path) -> None:
+    with processes(tmp_path) as start:
+        running = worker(start, db_url)
+        out = run_python("# dependencies.py", tmp_path, db_url)
+        running.signal(signal.SIGTERM)
+        assert running.wait() == 0, running.output()
+    assert out == "completed\ncompleted\n"
+
+
+def test_the_readmes_sql_runs_as_printed(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(readme_block("INSERT INTO notifyq.jobs (task, payload) VALUES"))
+        conn.execute(readme_block("WITH parent AS"))
+        waiting = conn.execute(
+            "SELECT group_key, cardinality(depends_on) FROM notifyq.jobs WHERE status = 'waiting'"
+        ).fetchall()
+    assert waiting == [("k", 1)]
+
+
+# -- recipes ---------------------------------------------------------------------------------
+
+
+def test_the_fastapi_recipes_curl_gets_the_order_and_its_job(db_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(readme_block("CREATE TABLE IF NOT EXISTS orders"))
+    (tmp_path / "shop_api.py").write_text(readme_block("# shop_api.py"))
+    serve = shell_line("uvicorn shop_api:app")
+    readme_port = server_port("uvicorn", serve.split("uvicorn shop_api:app", 1)[1])
+    port = free_port()
+    with processes(tmp_path) as start:
+        argv = ["sh", "-c", f"exec {sys.executable} -m {on_port(serve, readme_port, port)}"]
+        uvicorn = start("uvicorn", env=notifyq_env(db_url), argv=argv, cwd=tmp_path)
+        wait_for_port(uvicorn, port)
+        created = curl(on_port(shell_line("curl -X POST", "/orders?total="), readme_port, port))
+        receipt = curl(f"curl http://127.0.0.1:{port}/receipts/{created['job_id']}")
+        uvicorn.signal(signal.SIGTERM)
+        # Uvicorn stops gracefully and then ends by the signal it got.
+        assert uvicorn.wait() in (0, -signal.SIGTERM), uvicorn.output()
+    assert receipt == {"status": "queued", "result": None}
+    assert rows(db_url, "SELECT id, total FROM orders") == [(created["order"], 42)]
+
+
+def test_the_django_views_curl_gets_the_order_and_its_job(
+    server_url: str, empty_db_url: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("django")
+    manage = [sys.executable, str(ROOT / "tests" / "django_project" / "manage.py")]
+    env = notifyq_env(server_url, SHOP_DATABASE=empty_db_url.rsplit("/", 1)[1])
+    migrate = subprocess.run(
+        [*manage, "migrate", "--noinput"], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+    serve = shell_line("python manage.py runserver")
+    readme_port = server_port("manage.py runserver", serve.split("runserver", 1)[1])
+    port = free_port()
+    with processes(tmp_path) as start:
+        argv = [*manage, "runserver", str(port), "--noreload"]
+        django = start("runserver", env=env, argv=argv)
+        wait_for_port(django, port)
+        created = curl(on_port(shell_line("curl -X POST", "/checkout"), readme_port, port))
+        django.signal(signal.SIGTERM)
+        django.wait()
+    job = rows(
+        empty_db_url, "SELECT task, payload FROM notifyq.jobs WHERE id = %s", created["job_id"]
+    )
+    assert job == [("send_receipt", {"order": created["order"]})]
