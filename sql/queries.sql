@@ -27,7 +27,7 @@ RETURNING id AS job_id, false AS duplicate, status, run_at, created_at
 -- that is NULL for every job may come as one NULL array: unnest() pads it with NULLs.
 -- name: enqueue_many_plain
 WITH input AS MATERIALIZED (
-    SELECT gen_random_uuid() AS id, u.*
+    SELECT notifyq.uuid_v7() AS id, u.*
     -- ROWS FROM: a qualified unnest() takes one array (the many-array form is syntax).
     FROM ROWS FROM (pg_catalog.unnest(%(payloads)b::jsonb[]),
                     pg_catalog.unnest(%(run_ats)b::timestamptz[]),

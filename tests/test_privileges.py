@@ -87,13 +87,15 @@ def test_every_function_pins_its_search_path(db_url: str) -> None:
                WHERE p.pronamespace = 'notifyq'::regnamespace
                  AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY(p.proconfig), false)"""
         ).fetchall()
-    # Two exceptions. The lease fence, an IMMUTABLE SQL expression of its arguments that the
-    # planner inlines into its (pinned) callers, which a SET clause would prevent. The defaults
-    # trigger of a plain INSERT, which runs at every row, as the inserting role, and names
-    # everything by its schema instead (the test below plants overloads of what it calls).
+    # Three exceptions. The lease fence, an IMMUTABLE SQL expression of its arguments that the
+    # planner inlines into its (pinned) callers, which a SET clause would prevent; the id of a
+    # new job, an expression inlined into the column default for the same reason. The defaults
+    # trigger of a plain INSERT, which runs at every row, as the inserting role. The last two
+    # name everything by its schema instead (the tests below plant overloads of what they call).
     assert sorted(row[0] for row in rows) == [
         "notifyq.fill_defaults_v2()",
         "notifyq.holds_v1(text,text,integer,text,integer)",
+        "notifyq.uuid_v7()",
     ], rows
 
 
@@ -144,6 +146,57 @@ def test_the_unpinned_defaults_trigger_never_calls_a_planted_overload(db_url: st
         assert rows == [("mail", "mail", 2, 4), ("echo", "default", 0, 3), ("mail", "mail", 2, 4)]
         assert conn.execute("SELECT name FROM public.planted_calls").fetchall() == []
         conn.execute("DROP TABLE public.planted_calls")
+
+
+#: Exact matches of what the id of a new job is made with (sql/020), and an operator.
+ID_PLANTS = [
+    ("gen_random_uuid()", "uuid"),
+    ("uuid_send(uuid)", "bytea"),
+    ("int8send(bigint)", "bytea"),
+    ("date_part(text, timestamptz)", "double precision"),
+    ("clock_timestamp()", "timestamptz"),
+    ("floor(double precision)", "double precision"),
+    ("substr(bytea, integer)", "bytea"),
+    ("overlay(bytea, bytea, integer, integer)", "bytea"),
+    ("set_bit(bytea, bigint, integer)", "bytea"),
+    ("encode(bytea, text)", "text"),
+]
+
+
+def test_a_new_jobs_time_ordered_id_never_calls_a_planted_overload(db_url: str) -> None:
+    # The id's expression runs as the inserting role, with that role's search_path.
+    with role(db_url) as attacker, psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.planted_calls (name text)")
+        conn.execute(
+            sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(attacker))
+        )
+        conn.execute(
+            sql.SQL("GRANT INSERT ON public.planted_calls TO {}").format(sql.Identifier(attacker))
+        )
+        with psycopg.connect(as_role(db_url, attacker), autocommit=True) as evil:
+            plants = [*ID_PLANTS, ("planted_times(double precision, integer)", "double precision")]
+            for signature, returns in plants:
+                name = signature.partition("(")[0]
+                evil.execute(
+                    f"CREATE FUNCTION public.{signature} RETURNS {returns} LANGUAGE sql "
+                    f"AS $$ INSERT INTO public.planted_calls VALUES ('{name}') "
+                    f"RETURNING NULL::{returns} $$"
+                )
+            evil.execute(
+                "CREATE OPERATOR public.* (LEFTARG = double precision, RIGHTARG = integer, "
+                "FUNCTION = public.planted_times)"
+            )
+        conn.execute("SET search_path = public, pg_catalog")
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "INSERT INTO notifyq.jobs (task, payload) "
+                "SELECT 'echo', '{}' FROM generate_series(1, 3) RETURNING id"
+            ).fetchall()
+        ]
+        assert conn.execute("SELECT name FROM public.planted_calls").fetchall() == []
+        conn.execute("DROP TABLE public.planted_calls")
+    assert [job_id.version for job_id in ids] == [7, 7, 7]
 
 
 async def test_a_planted_overload_of_a_built_in_never_runs_as_the_worker(
