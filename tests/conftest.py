@@ -2,15 +2,16 @@
 
 The server is the one DATABASE_URL names, or an embedded PostgreSQL when it is unset. Every test
 that asks for ``db_url`` gets its own database, cloned from the template and dropped afterwards,
-both in a thread of their own (one made ahead, dropped behind) so that no test waits for them;
-databases left by a killed run are dropped at the next one.
+both in a thread of their own (one made ahead, dropped behind) so that no test waits for them.
+The run holds a lease on the server for each database it makes (notifyq._scratch), so that a
+killed run's databases are dropped at the next run's start, and no run drops another's while
+it runs, from whichever host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from notifyq._scratch import ScratchDatabases, drop_orphans
 from notifyq.migrations import migrate
 from notifyq.settings import Settings
 from tests.helpers import url_with_dbname
@@ -44,39 +46,14 @@ def _admin(url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(url, autocommit=True, connect_timeout=5)
 
 
-def _drop_stale_databases(conn: psycopg.Connection[Any]) -> None:
-    """Drops databases of earlier runs whose process is gone."""
-    rows = conn.execute(
-        "SELECT datname FROM pg_database WHERE datname LIKE %s", [PREFIX + "%"]
-    ).fetchall()
-    for (name,) in rows:
-        try:
-            pid = int(name[len(PREFIX) :].split("_", 1)[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _alive(pid):
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @pytest.fixture(scope="session")
 def server_url(_server: str) -> str:
     """URL of a database on the test server, for administration (create/drop databases)."""
     url = _server
     try:
-        with _admin(url) as conn:
-            _drop_stale_databases(conn)
+        # Only databases that a run marked as its own and no session anywhere still holds:
+        # the server may be shared with runs on other hosts, whose pids mean nothing here.
+        drop_orphans(url, PREFIX)
     except psycopg.OperationalError as exc:
         pytest.exit(
             f"cannot reach PostgreSQL at {url}: {exc}\n"
@@ -87,21 +64,21 @@ def server_url(_server: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def template_db(server_url: str) -> Iterator[str]:
+def scratch_databases(server_url: str) -> Iterator[ScratchDatabases]:
+    """This run's databases on the test server (``nq_test_<pid>_<random>...``), each leased
+    by the run until it drops it; what is left at the end is dropped then."""
+    with ScratchDatabases(server_url, PREFIX) as scratch:
+        yield scratch
+
+
+@pytest.fixture(scope="session")
+def template_db(server_url: str, scratch_databases: ScratchDatabases) -> Iterator[str]:
     """A database migrated once per session, cloned by every test."""
-    name = f"{PREFIX}{os.getpid()}_template"
-    with _admin(server_url) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    name = scratch_databases.create("_template")
     url = url_with_dbname(server_url, name)
     asyncio.run(migrate(Settings.load(database_url=url), progress=lambda _: None))
     yield name
-    with _admin(server_url) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    scratch_databases.drop(name)
 
 
 def _without_commit_waits(conn: psycopg.Connection[Any], name: str) -> None:
@@ -120,8 +97,8 @@ class _Clones:
     together (a checkpoint's worth of writes), a third of the suite's time when each test
     waited for them. One thread, so the server does one of them at a time."""
 
-    def __init__(self, server_url: str, template: str) -> None:
-        self._server_url = server_url
+    def __init__(self, scratch: ScratchDatabases, template: str) -> None:
+        self._scratch = scratch
         self._template = template
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-databases")
         self._next: Future[str] = self._thread.submit(self._create)
@@ -147,26 +124,18 @@ class _Clones:
             drop.result()
 
     def _create(self) -> str:
-        name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
-        with _admin(self._server_url) as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(name), sql.Identifier(self._template)
-                )
-            )
+        name = self._scratch.create(template=self._template)
+        with _admin(self._scratch.conninfo) as conn:
             _without_commit_waits(conn, name)
         return name
 
     def _drop(self, name: str) -> None:
-        with _admin(self._server_url) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        self._scratch.drop(name)
 
 
 @pytest.fixture(scope="session")
-def _clones(server_url: str, template_db: str) -> Iterator[_Clones]:
-    clones = _Clones(server_url, template_db)
+def _clones(scratch_databases: ScratchDatabases, template_db: str) -> Iterator[_Clones]:
+    clones = _Clones(scratch_databases, template_db)
     try:
         yield clones
     finally:
@@ -182,16 +151,11 @@ def db_url(server_url: str, _clones: _Clones) -> Iterator[str]:
 
 
 @pytest.fixture
-def empty_db_url(server_url: str) -> Iterator[str]:
+def empty_db_url(server_url: str, scratch_databases: ScratchDatabases) -> Iterator[str]:
     """URL of a fresh database with no notifyq schema, for migration tests."""
-    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
-    with _admin(server_url) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    name = scratch_databases.create()
     yield url_with_dbname(server_url, name)
-    with _admin(server_url) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    scratch_databases.drop(name)
 
 
 @pytest.fixture
