@@ -579,9 +579,11 @@ SELECT (SELECT count(*) FROM deleted)::integer,
        (SELECT count(*) FROM candidates)::integer,
        (SELECT id FROM candidates ORDER BY id DESC LIMIT 1);
 
--- Why a queue's due jobs may not move, per queue with due jobs or workers: the due jobs whose
--- task no worker registered (and up to 5 such task names), those whose task's breaker is open,
--- and the idle workers listening on the queue (a mark with no queues serves every queue).
+-- Why a queue's due jobs may not move, for each queue named: the due jobs whose task no worker
+-- registered (and up to 5 such task names), those whose task's breaker is open, and the idle
+-- workers listening on the queue (a mark with no queues serves every queue). The queues are
+-- named by the caller: a queue with nothing due and no row in notifyq.queues is still served
+-- by the workers serving every queue, and no list of names kept here would know of it.
 -- name: queue_conditions
 WITH due AS (
     SELECT j.queue, j.task, count(*) AS n
@@ -598,7 +600,7 @@ WITH due AS (
     FROM due AS d LEFT JOIN notifyq.tasks AS t ON t.name = d.task
     GROUP BY d.queue
 ), names AS (
-    SELECT queue FROM per_queue UNION SELECT name FROM notifyq.queues
+    SELECT DISTINCT queue FROM unnest(%(queues)s::text[]) AS queue
 )
 SELECT n.queue,
        coalesce(p.unregistered, 0) AS unregistered,
@@ -609,8 +611,7 @@ SELECT n.queue,
            AS listening
 FROM names AS n
 LEFT JOIN per_queue AS p ON p.queue = n.queue
-ORDER BY n.queue
-LIMIT 1000;
+ORDER BY n.queue;
 
 -- The workers the database knows of: those idle and listening (their marks in
 -- waiting_workers) and those holding running jobs, with up to 20 of those jobs each.

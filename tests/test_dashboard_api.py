@@ -305,6 +305,33 @@ async def test_queue_states_and_workers_see_a_listening_worker(
     assert states["default"]["state"] in ("ok", "idle")
 
 
+async def test_an_idle_queue_counts_the_workers_serving_every_queue_as_listening(
+    settings: Settings, conn: Any
+) -> None:
+    """A queue with nothing due and no settings of its own is still served: two workers
+    serving every queue and one naming the queue listen on it; one naming another does not."""
+    async with api(settings) as client:
+        for queue in ("default", "reports"):
+            await enqueue(client, task="echo", queue=queue, payload={})
+        await conn.execute("UPDATE notifyq.jobs SET status = 'completed', finished_at = now()")
+        async with (
+            running_worker(settings) as first,
+            running_worker(settings) as second,
+            running_worker(settings.model_copy(update={"queues": ["reports"]})) as third,
+            running_worker(settings.model_copy(update={"queues": ["emails"]})) as fourth,
+        ):
+            ids = {first.id, second.id, third.id, fourth.id}
+
+            async def all_listen() -> bool:
+                rows = (await client.get("/workers")).json()
+                return {row["worker_id"] for row in rows if row["listening"]} >= ids
+
+            await wait_until(all_listen)
+            states = {row["queue"]: row for row in (await client.get("/queues/states")).json()}
+    assert (states["default"]["listening"], states["default"]["state"]) == (2, "idle")
+    assert (states["reports"]["listening"], states["reports"]["state"]) == (3, "idle")
+
+
 async def test_a_search_with_a_nul_in_a_filter_is_a_422(settings: Settings) -> None:
     async with api(settings) as client:
         answer = await client.get("/jobs", params={"payload": "{}", "queue": "a\u0000b"})

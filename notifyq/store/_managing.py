@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -171,10 +172,11 @@ class Managing(Runner):
         assert row is not None, f"{query} answers one row"
         return BulkDone(row[0], row[1], row[2], row[3])
 
-    async def queue_conditions(self) -> list[dict[str, Any]]:
-        """Per queue: due jobs of tasks no worker registered (and their names), due tasks
-        whose breaker is open, and the idle workers listening on it."""
-        return await self._all("queue_conditions", None, dict_row, what="reading queue states")
+    async def queue_conditions(self, queues: Sequence[str]) -> list[dict[str, Any]]:
+        """For each of ``queues``: due jobs of tasks no worker registered (and their names),
+        due tasks whose breaker is open, and the idle workers listening on it."""
+        params = {"queues": list(queues)}
+        return await self._all("queue_conditions", params, dict_row, what="reading queue states")
 
     async def minute_stats(self, *, minutes: int = 60, fill: int = 10) -> list[dict[str, Any]]:
         """Jobs completed, failed and cancelled per minute over the last ``minutes`` and the

@@ -32,7 +32,7 @@ async def list_queues(store: StoreDep) -> list[QueueOut]:
 )
 async def queue_states(store: StoreDep, settings: SettingsDep) -> list[QueueStateOut]:
     stats = {row["queue"]: row for row in await store.queue_stats()}
-    conditions = {row["queue"]: row for row in await store.queue_conditions()}
+    conditions = {row["queue"]: row for row in await store.queue_conditions(list(stats))}
     return [
         _state(name, stats[name], conditions.get(name), settings.poll_interval) for name in stats
     ]
