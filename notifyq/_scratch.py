@@ -156,7 +156,8 @@ class ScratchDatabases:
             try:
                 made = self._make(name, template)
             except BaseException:
-                self._give_up(name)
+                with contextlib.suppress(psycopg.Error):
+                    self._give_up(name)
                 raise
             if made:
                 return name
@@ -171,7 +172,9 @@ class ScratchDatabases:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
-        self._give_up(name)
+        # Dropped: a lease that cannot be given back went with its connection.
+        with contextlib.suppress(psycopg.OperationalError):
+            self._give_up(name)
 
     def close(self) -> list[str]:
         """Drops every scratch database this object still has, closes the lease; answers the
