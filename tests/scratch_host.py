@@ -2,8 +2,9 @@
 tests/test_bench_scratch.py): not collected with the suite, run by them in a process of its own.
 
 ``test_holds_its_databases`` is a run that is alive: it tells the parent which databases it
-holds, then waits until the parent says it may finish. ``test_starts`` is a run's start, which
-drops what runs that are gone left behind. :func:`on_another_host` starts a command in a pid
+holds, then waits until the parent says it may finish; :func:`hold_a_bench_database` is the
+same for a bench run. ``test_starts`` is a run's start, which drops what runs that are gone
+left behind. :func:`on_another_host` starts a command in a pid
 namespace of its own, with a pid that no process of this host has: to a check of local pids
 it looks dead while it runs, as a run on another host sharing the server would.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from tests.helpers import ROOT
 
@@ -33,15 +35,8 @@ RELEASE = "NQ_SCRATCH_HOST_RELEASE"
 
 
 def test_holds_its_databases(db_url: str, template_db: str) -> None:
-    ready, release = Path(os.environ[READY]), Path(os.environ[RELEASE])
-    name = db_url.rsplit("/", 1)[1]
-    partial = ready.with_suffix(".partial")
-    partial.write_text(json.dumps({"pid": os.getpid(), "databases": [name, template_db]}))
-    partial.rename(ready)
-    deadline = time.monotonic() + 90
-    while not release.exists():
-        assert time.monotonic() < deadline, "the parent test never let this run finish"
-        time.sleep(0.02)
+    announce([db_url.rsplit("/", 1)[1], template_db])
+    wait_for_release()
     with psycopg.connect(db_url) as conn:  # still there, for the whole run
         conn.execute("SELECT 1")
 
@@ -50,12 +45,47 @@ def test_starts(server_url: str) -> None:
     """Nothing but a run's start (the ``server_url`` fixture's cleanup)."""
 
 
+def hold_a_bench_database() -> None:
+    """A bench run (``python -m tests.scratch_host``, with the bench importable): one scratch
+    database of the bench's, held until the parent lets it finish, then dropped."""
+    from notifyq_bench.harness import Scratch
+
+    scratch = Scratch(os.environ["DATABASE_URL"])
+    try:
+        url = scratch.create("_host")
+        announce([str(conninfo_to_dict(url)["dbname"])])
+        wait_for_release()
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT 1")
+    finally:
+        assert scratch.drop_all() == []
+
+
+def announce(databases: list[str]) -> None:
+    """Tells the parent this run's pid and the databases it holds."""
+    ready = Path(os.environ[READY])
+    partial = ready.with_suffix(".partial")
+    partial.write_text(json.dumps({"pid": os.getpid(), "databases": databases}))
+    partial.rename(ready)
+
+
+def wait_for_release(timeout: float = 90) -> None:
+    release = Path(os.environ[RELEASE])
+    deadline = time.monotonic() + timeout
+    while not release.exists():
+        assert time.monotonic() < deadline, "the parent test never let this run finish"
+        time.sleep(0.02)
+
+
 # -- used by the parent ---------------------------------------------------------------------------
 
 
 def child_env(server_url: str, **extra: str) -> dict[str, str]:
+    """The environment of another run on ``server_url``: this checkout's notifyq, tests and
+    bench importable."""
     env = {**os.environ, "DATABASE_URL": server_url, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    path = (str(ROOT), str(ROOT / "benchmarks"), env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     return env
 
 
@@ -142,3 +172,7 @@ def existing(conn: psycopg.Connection[Any], names: list[str]) -> set[str]:
         "SELECT datname FROM pg_database WHERE datname = ANY(%s)", [names]
     ).fetchall()
     return {name for (name,) in rows}
+
+
+if __name__ == "__main__":
+    hold_a_bench_database()

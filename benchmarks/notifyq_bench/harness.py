@@ -17,10 +17,10 @@ from typing import Any, TextIO
 
 import anyio
 import psycopg
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import notifyq
+from notifyq._scratch import ScratchDatabases, drop_orphans
 from notifyq.db import redact
 from notifyq_bench import bare
 
@@ -67,40 +67,23 @@ def alive(pid: int) -> bool:
 
 
 class Scratch:
-    """Scratch databases named ``notifyq_bench_<pid>...`` on one server; :meth:`drop_all`
-    drops every one this process created."""
+    """Scratch databases named ``notifyq_bench_<pid>_<random>...`` on one server, each leased
+    on the server by this process until it drops it (:mod:`notifyq._scratch`): a bench on
+    another host sharing the server never drops them, and a killed bench's are dropped by the
+    next one. :meth:`drop_all` drops every one this process created."""
 
     def __init__(self, server: str) -> None:
         self.server = server
-        self.created: list[str] = []
         self.names: list[str] = []
-
-    def _admin(self) -> psycopg.Connection[Any]:
-        try:
-            return psycopg.connect(self.server, autocommit=True, connect_timeout=5)
-        except psycopg.OperationalError as exc:
-            raise BenchError(
-                f"cannot connect to {redact(self.server)}: {str(exc).strip().splitlines()[0]}"
-            ) from exc
+        self._databases = ScratchDatabases(server, SCRATCH_PREFIX)
 
     def drop_stale(self) -> list[str]:
-        """Drops scratch databases of earlier runs whose process is gone."""
-        dropped = []
-        with self._admin() as conn:
-            rows = conn.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE %s",
-                [SCRATCH_PREFIX.replace("_", r"\_") + "%"],
-            ).fetchall()
-            for (name,) in rows:
-                match = re.match(rf"{SCRATCH_PREFIX}(\d+)", name)
-                if match and int(match.group(1)) != os.getpid() and not alive(int(match.group(1))):
-                    conn.execute(
-                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                            sql.Identifier(name)
-                        )
-                    )
-                    dropped.append(name)
-        return dropped
+        """Drops scratch databases of earlier runs that are gone (marked as scratch databases,
+        their lease held by no session on the server, whatever host it came from)."""
+        try:
+            return drop_orphans(self.server, SCRATCH_PREFIX)
+        except psycopg.OperationalError as exc:
+            raise _unreachable(self.server, exc) from exc
 
     def create(self, suffix: str = "") -> str:
         """Creates, migrates and answers the conninfo of a new scratch database, with notifyq's
@@ -108,13 +91,10 @@ class Scratch:
         from notifyq.migrations import migrate
         from notifyq.settings import Settings
 
-        name = f"{SCRATCH_PREFIX}{os.getpid()}{suffix}"
-        with self._admin() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        self.created.append(name)
+        try:
+            name = self._databases.create(suffix)
+        except psycopg.OperationalError as exc:
+            raise _unreachable(self.server, exc) from exc
         self.names.append(name)
         url = with_dbname(self.server, name)
         settings = Settings.load(database_url=url)
@@ -124,20 +104,16 @@ class Scratch:
         return url
 
     def drop_all(self) -> list[str]:
-        """Drops the databases this process created; answers the ones it could not drop."""
-        left = []
-        while self.created:
-            name = self.created.pop()
-            try:
-                with self._admin() as conn:
-                    conn.execute(
-                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                            sql.Identifier(name)
-                        )
-                    )
-            except (psycopg.Error, BenchError):
-                left.append(name)
-        return left
+        """Drops the databases this process created; answers the ones it could not drop (a
+        later run drops them once this one is gone)."""
+        try:
+            return self._databases.close()
+        except psycopg.Error:
+            return sorted(self._databases.owned)
+
+
+def _unreachable(server: str, exc: psycopg.Error) -> BenchError:
+    return BenchError(f"cannot connect to {redact(server)}: {str(exc).strip().splitlines()[0]}")
 
 
 # -- child processes ----------------------------------------------------------------------------
