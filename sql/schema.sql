@@ -334,17 +334,17 @@ BEGIN
                   j.attempt_count, j.max_attempts, j.dedup_key, j.result, j.last_error,
                   j.errors, j.created_at, j.started_at, j.finished_at, j.worker_id,
                   j.cancel_requested_at, j.claims, j.lost_count, j.depends_on, j.group_key,
-                  j.workflow_id, j.progress, j.trace_context
+                  j.workflow_id, j.progress, j.trace_context, j.ref
     )
     INSERT INTO notifyq.jobs_archive
         (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
          dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
          cancel_requested_at, claims, lost_count, depends_on, group_key, workflow_id, progress,
-         trace_context)
+         trace_context, ref)
     SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
            dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
            cancel_requested_at, claims, lost_count, depends_on, group_key, workflow_id, progress,
-           trace_context
+           trace_context, ref
     FROM moved;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     RETURN v_moved;
@@ -380,6 +380,7 @@ CREATE TABLE notifyq.jobs_archive (
     progress jsonb,
     trace_context jsonb,
     archived_at timestamp with time zone DEFAULT now() NOT NULL,
+    ref text,
     CONSTRAINT jobs_archive_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
 )
 PARTITION BY RANGE (finished_at);
@@ -1312,7 +1313,7 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH input AS MATERIALIZED (
-        SELECT u.ord, coalesce(u.id, gen_random_uuid()) AS id,
+        SELECT u.ord, coalesce(u.id, notifyq.uuid_v7()) AS id,
                coalesce(u.payload, '{}'::jsonb) AS payload,
                coalesce(u.run_at, now() + make_interval(secs => coalesce(u.delay, 0))) AS run_at,
                coalesce(u.depends_on::uuid[], '{}') AS depends_on, u.group_key, u.workflow_id,
@@ -1356,6 +1357,33 @@ BEGIN
                                     r.depends_on::uuid[], r.group_key, r.workflow_id, r.id,
                                     p_trace_context) AS e;
         END LOOP;
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION notifyq.enqueue_many_v5(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb, p_refs text[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF EXISTS (SELECT 1
+               FROM ROWS FROM (unnest(p_refs), unnest(p_ids), unnest(p_dedup_keys))
+                    AS u(ref, id, dedup_key)
+               WHERE u.ref IS NOT NULL AND (u.id IS NULL OR u.dedup_key IS NOT NULL)) THEN
+        RAISE EXCEPTION 'notifyq.enqueue_many_v5: a job with a ref (a workflow''s) needs an id '
+                        'of its own and no dedup key'
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN QUERY
+    SELECT * FROM notifyq.enqueue_many_v4(p_tasks, p_payloads, p_queues, p_priorities,
+                                          p_run_ats, p_delays, p_dedup_keys, p_max_attempts,
+                                          p_fallback, p_depends_on, p_group_keys,
+                                          p_workflow_ids, p_ids, p_trace_context);
+    IF p_refs IS NOT NULL THEN
+        UPDATE notifyq.jobs AS j SET ref = u.ref
+        FROM ROWS FROM (unnest(p_ids), unnest(p_refs)) AS u(id, ref)
+        WHERE j.id = u.id AND u.ref IS NOT NULL;
     END IF;
 END;
 $$;
@@ -1431,7 +1459,7 @@ CREATE FUNCTION notifyq.enqueue_v4(p_task text, p_payload jsonb, p_queue text, p
     AS $$
 #variable_conflict use_column
 DECLARE
-    v_new_id uuid := coalesce(p_id, gen_random_uuid());
+    v_new_id uuid := coalesce(p_id, notifyq.uuid_v7());
     v_payload jsonb := coalesce(p_payload, '{}'::jsonb);
     v_asked uuid[] := ARRAY(SELECT DISTINCT a FROM unnest(p_depends_on) AS a ORDER BY a);
     v_job record;
@@ -2733,6 +2761,35 @@ CREATE FUNCTION notifyq.unwatch_v1(p_job_id uuid, p_watcher text) RETURNS void
     DELETE FROM notifyq.watched_jobs WHERE job_id = p_job_id AND watcher = p_watcher;
 $$;
 
+CREATE FUNCTION notifyq.uuid_v7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    AS $$
+SELECT pg_catalog.encode(
+    pg_catalog.set_bit(
+        pg_catalog.set_bit(
+            pg_catalog.overlay(
+                pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+                pg_catalog.substr(
+                    pg_catalog.int8send(
+                        pg_catalog.floor(
+                            pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
+                            OPERATOR(pg_catalog.*) 1000
+                        )::pg_catalog.int8
+                    ),
+                    3
+                ),
+                1,
+                6
+            ),
+            -- version 4 (0100) becomes version 7 (0111): the two low bits of the version field
+            52, 1
+        ),
+        53, 1
+    ),
+    'hex'
+)::pg_catalog.uuid
+$$;
+
 CREATE FUNCTION notifyq.wake_v1(p_queues text[]) RETURNS integer
     LANGUAGE sql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2778,6 +2835,7 @@ BEGIN
         UPDATE notifyq.jobs AS j
         SET status = 'completed',
             result = d.result,
+            last_error = NULL,
             finished_at = now(),
             lease_expires_at = NULL
         FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
@@ -2807,7 +2865,7 @@ CREATE SEQUENCE notifyq.group_seq
 SET default_table_access_method = heap;
 
 CREATE TABLE notifyq.jobs (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    id uuid DEFAULT notifyq.uuid_v7() NOT NULL,
     task text NOT NULL,
     queue text NOT NULL,
     payload jsonb DEFAULT '{}'::jsonb NOT NULL,
@@ -2836,6 +2894,7 @@ CREATE TABLE notifyq.jobs (
     group_blocked boolean DEFAULT false NOT NULL,
     progress jsonb,
     trace_context jsonb,
+    ref text,
     CONSTRAINT jobs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT jobs_claims_check CHECK ((claims >= 0)),
     CONSTRAINT jobs_depends_on_check CHECK ((cardinality(depends_on) <= 1000)),
@@ -2931,6 +2990,9 @@ CREATE UNLOGGED TABLE notifyq.watched_jobs (
 
 ALTER TABLE ONLY notifyq.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+ALTER TABLE notifyq.jobs
+    ADD CONSTRAINT jobs_ref_bounded CHECK (((ref IS NULL) OR ((workflow_id IS NOT NULL) AND ((char_length(ref) >= 1) AND (char_length(ref) <= 200))))) NOT VALID;
 
 ALTER TABLE notifyq.jobs
     ADD CONSTRAINT jobs_times_in_range CHECK ((((run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((started_at IS NULL) OR ((started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((finished_at IS NULL) OR ((finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((lease_expires_at IS NULL) OR ((lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((heartbeat_at IS NULL) OR ((heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((cancel_requested_at IS NULL) OR ((cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))))) NOT VALID;

@@ -13,6 +13,7 @@ import psycopg
 from notifyq.api import create_app
 from notifyq.builtins import worker_registry
 from notifyq.db import open_pool
+from notifyq.retry import Backoff
 from notifyq.settings import Settings
 from notifyq.store import Store
 from notifyq.tasks import Registry, make_task
@@ -348,3 +349,39 @@ async def test_list_pages_leave_job_data_out_unless_asked(settings: Settings) ->
     assert bad.status_code == 422
     assert bad.json()["detail"][0]["loc"] == ["query", "include"]
     assert "secrets" in bad.json()["detail"][0]["msg"]
+
+
+async def test_a_job_that_completes_on_a_retry_has_no_error_but_keeps_its_attempts(
+    settings: Settings, conn: Any
+) -> None:
+    """`error` is the error of a job that has one: null once it completed, whatever an earlier
+    attempt said. Every failed attempt stays in `errors`, and a job that failed for good keeps
+    its last error."""
+    attempts = 0
+
+    async def flaky(payload: dict[str, Any]) -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise RuntimeError("first attempt: upstream said no")
+        return "fine"
+
+    tasks = worker_registry(
+        Registry([make_task(flaky, "flaky", max_attempts=3, backoff=Backoff(base=0))])
+    )
+    async with running_worker(settings, tasks), api(settings) as client:
+        ok = (await client.post("/jobs", json={"task": "flaky", "payload": {}})).json()["job_id"]
+        bad = await client.post(
+            "/jobs", json={"task": "fail", "payload": {"message": "no"}, "max_attempts": 1}
+        )
+        await wait_for_status(conn, ok, "completed")
+        await wait_for_status(conn, bad.json()["job_id"], "failed")
+        job = (await client.get(f"/jobs/{ok}")).json()
+        failed = (await client.get(f"/jobs/{bad.json()['job_id']}")).json()
+    assert (job["status"], job["result"], job["attempt_count"]) == ("completed", "fine", 2)
+    assert job["error"] is None
+    assert [e["attempt"] for e in job["errors"]] == [1]
+    assert "upstream said no" in job["errors"][0]["error"]
+    assert failed["status"] == "failed" and "no" in failed["error"]
+    row = await job_row(conn, ok)
+    assert row is not None and row["last_error"] is None  # the column, for psql users too
