@@ -83,6 +83,8 @@ class Job:
     #: Whether it was read from the archive (NOTIFYQ_ARCHIVE_AFTER): finished, and kept until
     #: its day's partition is dropped; it can no longer be retried, cancelled or deleted.
     archived: bool = False
+    #: Its name in its workflow (the ``ref`` it was submitted with); None outside a workflow.
+    ref: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -150,6 +152,9 @@ class JobSpec:
     workflow_id: UUID | None = None
     #: The job's own id, when the caller chose it (the jobs of a workflow name each other).
     id: UUID | None = None
+    #: Its name in its workflow, set by :func:`notifyq.workflows.plan` and stored by
+    #: ``enqueue_many`` (which every workflow goes through).
+    ref: str | None = None
 
     @property
     def plain(self) -> bool:
@@ -162,6 +167,7 @@ class JobSpec:
             and self.group_key is None
             and self.workflow_id is None
             and self.id is None
+            and self.ref is None
         )
 
     @classmethod

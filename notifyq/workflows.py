@@ -4,7 +4,8 @@ A workflow is a list of jobs, each a mapping with a ``ref`` of its own and the k
 ``Queue.enqueue`` (or a ``POST /jobs`` body); its ``depends_on`` names refs of the same
 workflow, or ids of jobs already stored. :func:`plan` checks it (refs unique, every ref known,
 no cycle), gives every job its id and the workflow's id, and orders the jobs so that each comes
-after those it depends on: the store then enqueues them in one transaction.
+after those it depends on: the store then enqueues them in one transaction, each job with its
+ref, by which a workflow read back names its jobs.
 
 :func:`chain`, :func:`group` and :func:`chord` build the common shapes, as Celery users know
 them::
@@ -19,6 +20,7 @@ A job's handler reads the results of the jobs it depends on from ``ctx.dependenc
 from __future__ import annotations
 
 import abc
+import dataclasses
 import heapq
 import itertools
 import secrets
@@ -126,13 +128,17 @@ def plan(jobs: Sequence[Mapping[str, Any]], make_spec: MakeSpec) -> Plan:
     # the id is what keeps a workflow read back in that order.
     made = dict(zip(order, ordered_ids(len(order)), strict=True))
     ids = {ref: made[index] for index, ref in enumerate(refs)}
+    # Each job keeps its ref, so that a workflow read back names its jobs as they were sent.
     specs = [
-        make_spec(
-            index,
-            jobs[index],
-            [ids[refs[p]] for p in parents[index]] + outside[index],
-            workflow_id,
-            ids[refs[index]],
+        dataclasses.replace(
+            make_spec(
+                index,
+                jobs[index],
+                [ids[refs[p]] for p in parents[index]] + outside[index],
+                workflow_id,
+                ids[refs[index]],
+            ),
+            ref=refs[index],
         )
         for index in order
     ]

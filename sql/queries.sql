@@ -59,23 +59,23 @@ FROM notifyq.enqueue_v4(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
                         %(depends_on)s::uuid[], %(group_key)s::text, %(workflow_id)s::uuid,
                         %(id)s::uuid, %(trace_context)s::jsonb)
 
--- A batch of such jobs: notifyq.enqueue_many_v4. Each job's depends_on goes as the text of an
--- array ('{}' for none): an array of arrays must be rectangular. One trace context (or NULL) for
--- the whole batch.
+-- A batch of such jobs: notifyq.enqueue_many_v5 (sql/018). Each job's depends_on goes as the
+-- text of an array ('{}' for none): an array of arrays must be rectangular. One trace context (or
+-- NULL) for the whole batch. The refs of a workflow's jobs, or one NULL.
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_many_v4(
+FROM notifyq.enqueue_many_v5(
     %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[], %(priorities)b::integer[],
     %(run_ats)b::timestamptz[], %(delays)b::float8[], %(dedup_keys)b::text[],
     %(max_attempts)b::integer[], %(fallback)s::integer, %(depends_on)b::text[],
     %(group_keys)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[],
-    %(trace_context)s::jsonb)
+    %(trace_context)s::jsonb, %(refs)b::text[])
 ORDER BY ord
 
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref
 FROM notifyq.jobs
 WHERE id = %(id)s;
 
@@ -182,7 +182,7 @@ ORDER BY name;
 -- name: list_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref
 FROM notifyq.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -271,14 +271,14 @@ RETURNING j.id;
 -- name: workflow_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress,
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
        false AS archived
 FROM notifyq.jobs
 WHERE workflow_id = %(workflow_id)s
 UNION ALL
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       NULL::timestamptz, cancel_requested_at, depends_on, group_key, workflow_id, progress,
+       NULL::timestamptz, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
        true
 FROM notifyq.archived_jobs_v1(NULL, %(workflow_id)s::uuid)
 ORDER BY created_at, id
@@ -424,7 +424,7 @@ SELECT notifyq.archive_drop_v1(%(keep)s::float8);
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        NULL::timestamptz AS lease_expires_at, cancel_requested_at, depends_on, group_key,
-       workflow_id, progress, true AS archived
+       workflow_id, progress, ref, true AS archived
 FROM notifyq.archived_jobs_v1(%(id)s::uuid, NULL);
 
 -- name: prune_ticks
@@ -464,7 +464,7 @@ WITH scanned AS MATERIALIZED (
 SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attempt_count,
        j.max_attempts, j.dedup_key, j.result, j.last_error, j.errors, j.created_at, j.started_at,
        j.finished_at, j.worker_id, j.lease_expires_at, j.cancel_requested_at, j.depends_on,
-       j.group_key, j.workflow_id, j.progress, e.scanned, e.last_created, e.last_id
+       j.group_key, j.workflow_id, j.progress, j.ref, e.scanned, e.last_created, e.last_id
 FROM extent AS e
 LEFT JOIN (hits JOIN notifyq.jobs AS j USING (id)) ON true
 ORDER BY j.created_at DESC, j.id DESC;

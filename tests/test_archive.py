@@ -365,9 +365,9 @@ async def test_a_workflow_reads_its_archived_jobs_with_the_others(
         assert r.status_code == 200, r.text
         body = r.json()
     assert body["status"] == "completed"
-    assert [(j["job_id"], j["archived"]) for j in body["jobs"]] == [
-        (str(flow.jobs["a"]), True),
-        (str(flow.jobs["b"]), False),
+    assert [(j["job_id"], j["archived"], j["ref"]) for j in body["jobs"]] == [
+        (str(flow.jobs["a"]), True, "a"),
+        (str(flow.jobs["b"]), False, "b"),
     ]
 
 

@@ -245,8 +245,9 @@ def test_enqueue_in_the_callers_transaction(settings: Settings, db_url: str) -> 
             assert q.get(result.job_id) is None and q.get(many[299].job_id) is None
             mine.commit()
         job = q.wait(result.job_id, timeout=5)
-        for job_id in flow.jobs.values():
-            assert q.wait(job_id, timeout=5).status is JobStatus.COMPLETED
+        for ref, job_id in flow.jobs.items():
+            done = q.wait(job_id, timeout=5)
+            assert done.status is JobStatus.COMPLETED and done.ref == ref
         until(lambda: worker.stats.completed == 303)
     assert job.status is JobStatus.COMPLETED and job.result == {"order": 1}
 

@@ -619,6 +619,7 @@ async def test_a_workflow_of_refs_runs_in_dependency_order(settings: Settings, c
         jobs = await q.store.workflow_jobs(created.workflow_id)
     assert end.result == 100 + (10 + 1) + (20 + 1)
     assert {job.workflow_id for job in jobs} == {created.workflow_id} and len(jobs) == 4
+    assert {job.ref: job.id for job in jobs} == created.jobs  # each job keeps its ref
 
 
 @pytest.mark.parametrize(

@@ -503,6 +503,35 @@ async def test_a_workflow_of_refs_and_stored_ids_runs_and_get_follows_it(
             assert job == await get_job(client, job_id)
 
 
+async def test_get_workflow_names_each_job_by_its_ref(settings: Settings, conn: Any) -> None:
+    """A client that did not keep the POST answer finds the steps by name: each job of GET
+    /workflows/{id} (and GET /jobs/{id}) has its `ref`; a job outside a workflow has none."""
+    jobs = [
+        {"ref": "fetch", "payload": {}, "delay": 3600},
+        {"ref": "parse", "payload": {}, "depends_on": ["fetch"]},
+        {"ref": "store", "payload": {}, "depends_on": ["parse", "fetch"]},
+    ]
+    async with app_client(settings) as client:
+        created = await client.post("/workflows", json={"jobs": jobs})
+        assert created.status_code == 201, created.text
+        ids, workflow_id = created.json()["jobs"], created.json()["workflow_id"]
+        read = (await client.get(f"/workflows/{workflow_id}")).json()
+        one = await get_job(client, ids["parse"])
+        alone = await get_job(client, await enqueue(client, {"payload": {}}))
+        listed = (await client.get("/jobs", params={"limit": 10})).json()["jobs"]
+    assert {job["ref"]: job["job_id"] for job in read["jobs"]} == ids
+    assert [job["ref"] for job in read["jobs"]] == ["fetch", "parse", "store"]
+    assert one["ref"] == "parse" and alone["ref"] is None
+    assert {job["job_id"]: job["ref"] for job in listed} == {
+        **{job_id: ref for ref, job_id in ids.items()},
+        alone["job_id"]: None,
+    }
+    cursor = await conn.execute(
+        "SELECT ref FROM notifyq.jobs WHERE id = %s", [uuid.UUID(ids["store"])]
+    )
+    assert await cursor.fetchone() == ("store",)
+
+
 def _workflow_cases(stored: str) -> list[tuple[list[dict[str, Any]], list[str]]]:
     """Workflows that must be refused, each with what the 422 must name. The fault is in the
     last job where it can be, so that the jobs before it were already checked (or stored)."""

@@ -211,6 +211,10 @@ class JobOut(BaseModel):
     depends_on: list[UUID] = Field(description="The jobs it waits for (empty: none).")
     group_key: str | None
     workflow_id: UUID | None
+    ref: str | None = Field(
+        default=None,
+        description="Its name in its workflow (the ref of POST /workflows); null outside one.",
+    )
     progress: ProgressOut | None = Field(
         description="The handler's last progress report (null: none)."
     )
@@ -245,6 +249,7 @@ class JobOut(BaseModel):
             depends_on=job.depends_on,
             group_key=job.group_key,
             workflow_id=job.workflow_id,
+            ref=job.ref,
             progress=ProgressOut.of(job.progress),
             archived=job.archived,
         )
@@ -290,7 +295,7 @@ class WorkflowCreatedOut(BaseModel):
 
 
 class WorkflowOut(BaseModel):
-    """A workflow and its jobs, oldest first."""
+    """A workflow and its jobs, oldest first, each with its ``ref``."""
 
     workflow_id: UUID
     status: WorkflowStatus = Field(

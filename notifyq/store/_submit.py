@@ -168,6 +168,7 @@ def many_statement(
             "workflow_ids": _sparse([s.workflow_id for s in specs]),
             "ids": _sparse([s.id for s in specs]),
             "trace_context": trace_context,
+            "refs": _sparse([s.ref for s in specs]),
         }
     # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
     # the ids in input order. A column that no job sets goes as one NULL.
