@@ -442,11 +442,33 @@ async def test_scheduled_lists_jobs_due_later_soonest_first_and_says_why_each_wa
     assert [job["job_id"] for job in page["jobs"]] == [later, snoozed, retried]  # soonest first
     assert jobs[later]["reason"] == "first_run" and jobs[later]["queue"] == "mail"
     assert jobs[retried]["reason"] == "retry" and jobs[retried]["failed_attempt"] == 1
-    assert "upstream said no" in jobs[retried]["last_error"]
+    assert "upstream said no" in jobs[retried]["error"]
+    assert jobs[retried]["last_error"] == jobs[retried]["error"]  # the deprecated alias
     assert jobs[snoozed]["reason"] == "snoozed" and jobs[snoozed]["attempt_count"] == 0
     assert page["next_cursor"] is None and page["now"]
     assert [job["job_id"] for job in by_task["jobs"]] == [retried]
     assert [job["job_id"] for job in by_queue["jobs"]] == [later]
+
+
+async def test_every_http_answer_says_error_and_last_error_is_only_a_deprecated_alias(
+    settings: Settings,
+) -> None:
+    """One name for one thing: `error` over HTTP, `last_error` in SQL. The only `last_error` in
+    an answer is GET /scheduled's, documented as the deprecated alias it is."""
+    app = create_app(settings.model_copy(update={"run_worker": False}))
+    schemas = app.openapi()["components"]["schemas"]
+    with_error = {
+        name for name, schema in schemas.items() if "error" in schema.get("properties", {})
+    }
+    aliases = {
+        name: schema["properties"]["last_error"]
+        for name, schema in schemas.items()
+        if "last_error" in schema.get("properties", {})
+    }
+    assert {"JobOut", "ScheduledJobOut"} <= with_error
+    assert set(aliases) == {"ScheduledJobOut"}
+    assert aliases["ScheduledJobOut"].get("deprecated") is True
+    assert "error" in aliases["ScheduledJobOut"]["description"]
 
 
 async def test_scheduled_pages_follow_the_cursor_and_bad_input_is_a_422(

@@ -194,7 +194,10 @@ class JobOut(BaseModel):
     attempt_count: int = Field(description="Attempts started so far.")
     max_attempts: int
     result: Any = Field(description="What the handler returned, once completed.")
-    error: str | None = Field(description="The error of the latest failed attempt.")
+    error: str | None = Field(
+        description="The error of the latest failed attempt while the job has one: null once it "
+        "completed (`errors` keeps every attempt's). The column last_error in SQL."
+    )
     errors: list[dict[str, Any]] = Field(
         description="Every failed attempt (the newest 25): attempt, error, at, worker."
     )
@@ -612,7 +615,14 @@ class ScheduledJobOut(BaseModel):
     failed_attempt: int | None = Field(
         description="With reason retry: the number of the attempt that failed."
     )
-    last_error: str | None = Field(description="The last error, cut at 500 characters.")
+    error: str | None = Field(
+        description="The error of the attempt that failed last, cut at 500 characters."
+    )
+    last_error: str | None = Field(
+        deprecated="Deprecated: the same as `error`, its name in SQL; it goes in the next release.",
+        description="Deprecated alias of `error` (the same value), kept for one release: every "
+        "HTTP answer calls it `error`.",
+    )
 
 
 class ScheduledPage(BaseModel):

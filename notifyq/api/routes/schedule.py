@@ -116,6 +116,7 @@ def _scheduled(row: dict[str, Any]) -> ScheduledJobOut:
         created_at=row["created_at"],
         reason=reason,
         failed_attempt=failed_attempt,
+        error=row["last_error"],
         last_error=row["last_error"],
     )
 
