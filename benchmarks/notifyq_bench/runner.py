@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="also run the installed peers (PgQueuer, procrastinate) in the throughput and "
-        f"latency scenarios, each on a scratch database of its own ({INSTALL_HINT})",
+        help="also run the installed peers (PgQueuer, procrastinate) in the lean, throughput "
+        f"and latency scenarios, each on a scratch database of its own ({INSTALL_HINT})",
     )
     parser.add_argument(
         "--lan-delay",
@@ -186,8 +186,8 @@ def peer_systems(wanted: bool, scenarios: list[str]) -> tuple[list[Peer], str | 
         return [], None
     peers, missing = load()
     note = missing_line(missing) if missing else None
-    if not {"throughput", "latency"} & set(scenarios):
-        note = "--peers runs with the throughput and latency scenarios only; none of them ran"
+    if not {"lean", "throughput", "latency"} & set(scenarios):
+        note = "--peers runs with the lean, throughput and latency scenarios only; none of them ran"
     return peers, note
 
 

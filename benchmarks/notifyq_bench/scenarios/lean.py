@@ -14,6 +14,7 @@ and as a ratio to it, against the storage issue's targets.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import uuid
@@ -256,8 +257,41 @@ def run(ctx: Context) -> None:
             ctx.children.stop(*procs)
     with ctx.connect() as conn:
         conn.execute("TRUNCATE lean_jobs, notifyq.jobs")
+    if ctx.peers:
+        raw["peers"] = _peers(ctx, idle_count)
     ctx.results.raw["lean"] = raw
     _add_figures(ctx, raw)
+
+
+def _peers(ctx: Context, idle_count: int) -> dict[str, Any]:
+    """With ``--peers``: each installed peer's drains in the same shapes and its idle pickup,
+    on a scratch database of its own, measured as the ``throughput`` scenario measures them
+    (from the enqueue's commit until no job is left), to be divided by the lean floor."""
+    s = ctx.sizes
+    out: dict[str, Any] = {}
+    for peer in ctx.peers:
+        ctx.step(f"{peer.label()}: creating its scratch database")
+        url = ctx.scratch_url(f"_{peer.name}_lean")
+        asyncio.run(peer.install(url))
+        runs: dict[str, Any] = {"label": peer.label(), "idle": []}
+        for r in range(ctx.repeat):
+            for key, processes, slots in SHAPES:
+                jobs = s.single_jobs if slots == 1 else s.peer_jobs
+                ctx.step(f"{peer.label()} {processes} x {slots}: {jobs:,} jobs, round {r + 1}")
+                procs = peer.start_workers(ctx.children, url, processes, slots)
+                try:
+                    runs.setdefault(key, []).append(peer.drain(url, jobs, procs))
+                finally:
+                    ctx.children.stop(*procs)
+        procs = peer.start_workers(ctx.children, url, 1, WORKER_CONCURRENCY)
+        try:
+            for r in range(ctx.repeat):
+                ctx.step(f"{peer.label()}: {idle_count} jobs at {IDLE_RATE:g}/s, repeat {r + 1}")
+                runs["idle"].append(peer.pickup(url, idle_count, IDLE_RATE, procs))
+        finally:
+            ctx.children.stop(*procs)
+        out[peer.name] = runs
+    return out
 
 
 def _pickup(
@@ -356,6 +390,34 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
             LEAN,
         )
     )
+
+    for name, peer in raw.get("peers", {}).items():
+        for key, processes, slots in SHAPES:
+            ctx.results.add(
+                Figure(
+                    f"lean.peer.{name}.{key}",
+                    "lean",
+                    f"throughput, {peer['label']}, {processes} x {slots}",
+                    "jobs/s",
+                    values(peer[key], "jobs_per_s"),
+                    None,
+                    values(lean_runs[key], "jobs_per_s"),
+                    LEAN,
+                    note="timed from the enqueue's commit until the bench saw no job left",
+                )
+            )
+        ctx.results.add(
+            Figure(
+                f"lean.peer.{name}.idle_p99",
+                "lean",
+                f"pickup, {peer['label']}, idle, 20 jobs/s, p99",
+                "ms",
+                values(peer["idle"], "p99_ms"),
+                None,
+                values(lean_runs["idle"], "p99_ms"),
+                LEAN,
+            )
+        )
 
 
 SCENARIO = Scenario("lean", run, lambda repeat, s: repeat * (2 * len(SHAPES) + 2) + 4 * repeat)
