@@ -10,6 +10,7 @@ README's command that reaches it has its port mapped to that one (another test, 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -19,10 +20,12 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from notifyq import SyncQueue
 from tests.helpers import ROOT, Process, notifyq_env, processes
 from tests.readme import README, readme_block
 
@@ -88,15 +91,25 @@ def run_python(first_line: str, tmp_path: Path, db_url: str, timeout: float = 60
     return run.stdout
 
 
-def curl(command: str) -> dict[str, object]:
+def shell(script: str, tmp_path: Path) -> list[str]:
+    """Runs ``script`` with ``sh -e`` and answers the lines it printed. Its curl commands stay as
+    printed: a curlrc (which curl reads from CURL_HOME) makes each fail on an HTTP error, quietly
+    but for errors, and end its output with a newline."""
+    (tmp_path / ".curlrc").write_text('fail-with-body\nsilent\nshow-error\nwrite-out = "\\n"\n')
     run = subprocess.run(
-        ["sh", "-c", command + " --fail-with-body -sS"],
+        ["sh", "-e", "-c", script],
+        env={"PATH": os.environ["PATH"], "CURL_HOME": str(tmp_path)},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    answer: dict[str, object] = json.loads(run.stdout)
+    assert run.returncode == 0, f"{script}\n{run.stdout}{run.stderr}"
+    return run.stdout.splitlines()
+
+
+def curl(command: str, tmp_path: Path) -> dict[str, Any]:
+    (line,) = shell(command, tmp_path)
+    answer: dict[str, Any] = json.loads(line)
     return answer
 
 
@@ -140,6 +153,36 @@ def test_the_readmes_servers_each_listen_on_a_port_of_their_own() -> None:
     for block in shell_blocks():
         for port in re.findall(r"curl .*?http://127\.0\.0\.1:(\d+)/", block):
             assert int(port) in servers, f"a curl to port {port}, where no server listens"
+
+
+# -- the API ---------------------------------------------------------------------------------
+
+
+def test_the_first_curl_and_the_http_examples_run_as_printed(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    with processes(tmp_path) as start:
+        serve = start("serve", "--port", str(port), env=notifyq_env(db_url), name="serve")
+        serve.wait_for_output("Uvicorn running on", timeout=60)
+        first = curl(
+            on_port(shell_line("curl -X POST", "hello_world"), DEFAULT_PORT, port), tmp_path
+        )
+        assert first["status"] == "queued"
+        deadline = time.monotonic() + 20
+        while (job := curl(f"curl http://127.0.0.1:{port}/jobs/{first['job_id']}", tmp_path))[
+            "status"
+        ] != "completed":
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+        assert job["result"] == {"message": "Hello, you!"}
+        (block,) = [b for b in shell_blocks() if "/jobs/batch" in b]
+        printed = shell(on_port(block, DEFAULT_PORT, port), tmp_path)
+        serve.signal(signal.SIGTERM)
+        assert serve.wait() == 0, serve.output()
+    submitted, read, batch, failed = (json.loads(line) for line in printed)
+    assert (submitted["status"], submitted["duplicate"]) == ("queued", False)
+    assert read["status"] in ("queued", "processing", "completed")
+    assert [job["status"] for job in batch["results"]] == ["queued", "queued"], batch
+    assert failed["jobs"] == [], failed
 
 
 # -- Submitting jobs -------------------------------------------------------------------------
@@ -198,6 +241,47 @@ def test_the_readmes_sql_runs_as_printed(db_url: str) -> None:
     assert waiting == [("k", 1)]
 
 
+# -- Writing tasks ---------------------------------------------------------------------------
+
+
+def test_the_writing_tasks_example_runs_on_the_worker_its_command_starts(
+    db_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "mytasks.py").write_text(readme_block("# mytasks.py"))
+    command = shell_line("notifyq worker --import mytasks")
+    assert command == "notifyq worker --import mytasks", command
+    with processes(tmp_path) as start, SyncQueue(db_url) as q:
+        running = start(*command.split()[1:], env=notifyq_env(db_url), cwd=tmp_path)
+        running.wait_for_output("ready")
+        resized = q.enqueue("resize", {"path": "a.png"})
+        mailed = q.enqueue("send_receipt", {"order": 42, "email": "you@example.org"})
+        assert q.wait(resized.job_id, timeout=20).result == {"resized": "a.png"}
+        assert q.wait(mailed.job_id, timeout=20).status == "completed"
+        running.signal(signal.SIGTERM)
+        assert running.wait() == 0, running.output()
+        assert f"attempt 1 of job {mailed.job_id}: mail to you@example.org" in running.output()
+
+
+def test_the_running_workers_commands_start_and_drain(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "mytasks.py").write_text(readme_block("# mytasks.py"))
+    (block,) = [b for b in shell_blocks() if "notifyq serve --no-worker" in b]
+    commands = [line.split(" #", 1)[0].strip() for line in block.splitlines()]
+    assert len(commands) == 3 and all(c.startswith("notifyq ") for c in commands), commands
+    serve = next(c for c in commands if c.startswith("notifyq serve"))
+    port = free_port()
+    with processes(tmp_path) as start:
+        for command in commands:
+            if command == serve:
+                command = on_port(command, server_port("notifyq serve", command), port)
+            words = shlex.split(command)[1:]
+            running = start(*words, env=notifyq_env(db_url), cwd=tmp_path)
+            running.wait_for_output(
+                "Uvicorn running on" if command.startswith("notifyq serve") else "ready"
+            )
+            running.signal(signal.SIGTERM)
+            assert running.wait() == 0, running.output()
+
+
 # -- recipes ---------------------------------------------------------------------------------
 
 
@@ -212,8 +296,9 @@ def test_the_fastapi_recipes_curl_gets_the_order_and_its_job(db_url: str, tmp_pa
         argv = ["sh", "-c", f"exec {sys.executable} -m {on_port(serve, readme_port, port)}"]
         uvicorn = start("uvicorn", env=notifyq_env(db_url), argv=argv, cwd=tmp_path)
         wait_for_port(uvicorn, port)
-        created = curl(on_port(shell_line("curl -X POST", "/orders?total="), readme_port, port))
-        receipt = curl(f"curl http://127.0.0.1:{port}/receipts/{created['job_id']}")
+        command = on_port(shell_line("curl -X POST", "/orders?total="), readme_port, port)
+        created = curl(command, tmp_path)
+        receipt = curl(f"curl http://127.0.0.1:{port}/receipts/{created['job_id']}", tmp_path)
         uvicorn.signal(signal.SIGTERM)
         # Uvicorn stops gracefully and then ends by the signal it got.
         assert uvicorn.wait() in (0, -signal.SIGTERM), uvicorn.output()
@@ -238,7 +323,9 @@ def test_the_django_views_curl_gets_the_order_and_its_job(
         argv = [*manage, "runserver", str(port), "--noreload"]
         django = start("runserver", env=env, argv=argv)
         wait_for_port(django, port)
-        created = curl(on_port(shell_line("curl -X POST", "/checkout"), readme_port, port))
+        created = curl(
+            on_port(shell_line("curl -X POST", "/checkout"), readme_port, port), tmp_path
+        )
         django.signal(signal.SIGTERM)
         django.wait()
     job = rows(
