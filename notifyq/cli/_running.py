@@ -147,15 +147,21 @@ def dev(args: DevArgs, settings: Settings) -> int:
         # stops it).
         ready = database.settings
         url = f"http://{ready.host}:{ready.port}"
-        banner = [
-            f"notifyq dev: API      {url}",
-            f"notifyq dev: docs     {url}/docs",
-            f"notifyq dev: database {redact(database_url(ready))}",
-            f"notifyq dev: try      curl -X POST {url}/jobs -H 'content-type: application/json' "
-            """-d '{"task": "hello_world", "payload": {}}'""",
-            "notifyq dev: Ctrl-C stops it",
-        ]
+        banner = dev_banner(url, redact(database_url(ready)))
         return _run_server(ready, registry, banner)
+
+
+def dev_banner(url: str, database: str) -> list[str]:
+    """What ``notifyq dev`` says before it serves (the README's first screen shows it). The
+    docs come first: the page where a new user sees every route and tries it."""
+    return [
+        f"notifyq dev: docs     {url}/docs (start here: every route, and a Try it out button)",
+        f"notifyq dev: API      {url}",
+        f"notifyq dev: database {database}",
+        f"notifyq dev: try      curl -X POST {url}/jobs -H 'content-type: application/json' "
+        """-d '{"task": "hello_world", "payload": {}}'""",
+        "notifyq dev: Ctrl-C stops it",
+    ]
 
 
 def _prepare_server(settings: Settings) -> Registry | None:
