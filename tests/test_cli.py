@@ -121,11 +121,16 @@ def test_enqueue_with_dependencies_and_a_group_key_and_status_shows_them(db_url:
 
 
 def test_wait_prints_the_final_job_and_exits_zero_only_if_it_completed(db_url: str) -> None:
+    """Exit 0: completed; 3: failed or cancelled; 124: the timeout came first; 1: it could not
+    wait at all (as the command's help says)."""
     env = notifyq_env(db_url)
     good = notifyq("enqueue", "echo", '{"n": 1}', env=env).stdout.strip()
     bad = notifyq("enqueue", "fail", '{"message": "boom"}', "--max-attempts", "1", env=env)
-    line = one_line_error(notifyq("wait", good, "--timeout", "0.2", env=env))
-    assert f"job {good} has not finished after 0.2s" in line
+    late = notifyq("wait", good, "--timeout", "0.2", env=env)
+    assert f"job {good} has not finished after 0.2s" in one_line_error(late)
+    assert late.returncode == 124 and late.stdout == ""
+    unknown = notifyq("wait", str(uuid.UUID(int=5)), env=env)
+    assert unknown.returncode == 1 and "no job" in one_line_error(unknown)
     never = notifyq("wait", good, "--timeout", "0", env=env)  # it could not even look
     assert never.returncode == 2 and "'0' must be more than 0" in never.stderr
     waiting = subprocess.Popen(
@@ -151,6 +156,9 @@ def test_wait_prints_the_final_job_and_exits_zero_only_if_it_completed(db_url: s
     failed = notifyq("wait", bad.stdout.strip(), env=env)
     assert json.loads(failed.stdout)["status"] == "failed"
     assert f"job {bad.stdout.strip()} failed: RuntimeError: boom" in one_line_error(failed)
+    assert failed.returncode == 3
+    help_text = notifyq("wait", "--help", env=env).stdout
+    assert "3 it failed or was cancelled" in help_text and "124 --timeout" in help_text
 
 
 @pytest.mark.parametrize(
@@ -178,6 +186,21 @@ def test_wait_prints_the_final_job_and_exits_zero_only_if_it_completed(db_url: s
 )
 def test_bad_arguments_are_one_line_errors(db_url: str, args: list[str], fragment: str) -> None:
     assert fragment in one_line_error(notifyq(*args, env=notifyq_env(db_url)))
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_bench_help_works_without_the_bench_and_says_how_to_install_it(
+    flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from notifyq.cli import main
+
+    monkeypatch.setitem(sys.modules, "notifyq_bench", None)  # as where it is not installed
+    assert main(["bench", flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: notifyq bench") and "pip install -e ./benchmarks" in out
+    # Asked to run, not for help, it still says it cannot.
+    assert main(["bench", "--scenario", "idle"]) == 2
+    assert "pip install -e ./benchmarks" in capsys.readouterr().err
 
 
 #: The least each command takes, for the parsing test below.

@@ -23,7 +23,7 @@ from notifyq.cli._args import (
     StatusArgs,
     WaitArgs,
 )
-from notifyq.cli._errors import Failed
+from notifyq.cli._errors import EXIT_JOB_FAILED, EXIT_TIMEOUT, Failed
 from notifyq.cli._output import duration, jobs_table, say
 from notifyq.client import Queue
 from notifyq.errors import InvalidJob
@@ -112,7 +112,8 @@ def status(args: StatusArgs, settings: Settings) -> int:
 
 def wait(args: WaitArgs, settings: Settings) -> int:
     """Waits until the job is completed, failed or cancelled (woken by a notification) and
-    prints it as JSON; fails unless it completed."""
+    prints it as JSON; fails unless it completed: EXIT_JOB_FAILED when it ended otherwise,
+    EXIT_TIMEOUT when --timeout passed first (see the command's help)."""
     job_id = _job_id(args.job_id)
     timeout = math.inf if args.timeout is None else args.timeout
 
@@ -123,11 +124,16 @@ def wait(args: WaitArgs, settings: Settings) -> int:
     try:
         job = anyio.run(run)
     except TimeoutError:
-        raise Failed(f"job {job_id} has not finished after {duration(timeout)}") from None
+        raise Failed(
+            f"job {job_id} has not finished after {duration(timeout)}", exit_code=EXIT_TIMEOUT
+        ) from None
     _print_json(job, indent=2)
     if job.status is not JobStatus.COMPLETED:
         error = (job.last_error or "").strip().splitlines()
-        raise Failed(f"job {job_id} {job.status.value}" + (f": {error[0]}" if error else ""))
+        raise Failed(
+            f"job {job_id} {job.status.value}" + (f": {error[0]}" if error else ""),
+            exit_code=EXIT_JOB_FAILED,
+        )
     return 0
 
 

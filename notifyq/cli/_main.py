@@ -36,7 +36,7 @@ from notifyq.cli._args import (
     WaitArgs,
     WorkerArgs,
 )
-from notifyq.cli._errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, one_line
+from notifyq.cli._errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Failed, one_line
 from notifyq.cli._parser import arguments, build_parser
 from notifyq.cli._signals import exit_now_if_threads_hang
 from notifyq.logs import configure as configure_logging
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if message is None:
             raise
         print(f"notifyq: error: {message}", file=sys.stderr)
-        return EXIT_ERROR
+        return exc.exit_code if isinstance(exc, Failed) else EXIT_ERROR
 
 
 def _run(invocation: Invocation) -> int:
@@ -125,6 +125,21 @@ def _run(invocation: Invocation) -> int:
     return code
 
 
+#: How to install the bench, which ``notifyq bench`` says when it is missing.
+BENCH_INSTALL = "pip install -e ./benchmarks"
+
+#: ``notifyq bench --help`` without the bench: what it is and how to install it.
+BENCH_HELP = f"""usage: notifyq bench [OPTIONS]
+
+Measures notifyq's latency and throughput against its targets, and against other queues
+(see the README's Performance section). The bench is a distribution of its own,
+notifyq-bench, which is not installed here. From a source checkout:
+
+  {BENCH_INSTALL}
+
+Then `notifyq bench --help` lists its options."""
+
+
 def _bench(argv: list[str]) -> int:
     # The bench parses its own options (argparse would take them for ours). It is a
     # distribution of its own, notifyq-bench, so that the notifyq wheel carries none of it.
@@ -133,11 +148,11 @@ def _bench(argv: list[str]) -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "notifyq_bench":
             raise  # the bench is there but broken: its traceback says more than we could
-        print(
-            "notifyq bench: needs notifyq-bench; from a source checkout: "
-            "pip install -e ./benchmarks",
-            file=sys.stderr,
-        )
+        if "-h" in argv or "--help" in argv:
+            print(BENCH_HELP)  # asked for help, and got it: not an error
+            return 0
+        message = f"notifyq bench: needs notifyq-bench; from a source checkout: {BENCH_INSTALL}"
+        print(message, file=sys.stderr)
         return EXIT_USAGE
     code: int = bench(argv)
     return code

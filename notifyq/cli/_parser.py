@@ -11,7 +11,7 @@ from typing import NoReturn, TypeAlias, TypeVar, get_args
 
 from notifyq._version import __version__
 from notifyq.cli._args import Arguments, JobStatusName
-from notifyq.cli._errors import EXIT_USAGE
+from notifyq.cli._errors import EXIT_ERROR, EXIT_JOB_FAILED, EXIT_TIMEOUT, EXIT_USAGE
 from notifyq.grants import KINDS
 
 A = TypeVar("A", bound=Arguments)
@@ -193,6 +193,12 @@ def _job_commands(commands: _Commands) -> None:
     wait = commands.add_parser(
         "wait",
         help="wait until a job finishes and print it as JSON; exit 0 only if it completed",
+        description="Waits until the job is completed, failed or cancelled (woken by a "
+        "notification, not by polling) and prints it as JSON.",
+        epilog=f"exit status: 0 the job completed; {EXIT_JOB_FAILED} it failed or was "
+        f"cancelled (printed all the same); {EXIT_TIMEOUT} --timeout passed before it ended; "
+        f"{EXIT_ERROR} it could not wait (no such job, database unreachable); {EXIT_USAGE} "
+        "bad arguments.",
     )
     wait.add_argument("job_id", metavar="JOB_ID")
     wait.add_argument(
