@@ -68,6 +68,26 @@ def test_the_worker_command_says_in_one_line_why_it_cannot_start(server_url: str
     assert "Traceback" not in run.stderr
 
 
+def test_the_worker_commands_help_shows_the_defaults_in_effect(server_url: str) -> None:
+    """The project's settings.NOTIFYQ says CONCURRENCY 4 and POLL_INTERVAL 30, the environment
+    NOTIFYQ_QUEUES: --help shows those, not notifyq's own 10, 5 and all."""
+    env = _project_env(server_url, "unused", NOTIFYQ_QUEUES="mail,default")
+    run = subprocess.run(
+        [sys.executable, MANAGE, "notifyq_worker", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    shown = " ".join(run.stdout.split())
+    assert "jobs run at once (default 4)" in shown
+    assert "seconds between fallback polls (default 30)" in shown
+    assert "queues to serve (default: mail,default)" in shown
+    assert "default 10" not in shown and "default 5)" not in shown
+
+
 @pytest.mark.parametrize("path", ["shop/tasks.py", "shop/views.py"])
 def test_the_readmes_django_files_are_the_tested_ones(path: str) -> None:
     block = readme_block(f"# {path}\n")

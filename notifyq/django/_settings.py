@@ -22,7 +22,13 @@ from django.db import connections
 from notifyq.errors import ConfigurationError
 from notifyq.settings import Settings
 
-__all__ = ["autodiscover", "database_alias", "database_url_of", "notifyq_settings"]
+__all__ = [
+    "autodiscover",
+    "database_alias",
+    "database_url_of",
+    "effective_defaults",
+    "notifyq_settings",
+]
 
 #: Keys of NOTIFYQ that are the Django app's own, not notifyq settings.
 _DJANGO_KEYS = frozenset({"DATABASE", "AUTODISCOVER"})
@@ -61,6 +67,16 @@ def notifyq_settings(**overrides: Any) -> Settings:
         raise ImproperlyConfigured(
             f"notifyq: {exc} (from settings.NOTIFYQ or the environment)"
         ) from exc
+
+
+def effective_defaults() -> Settings:
+    """What a command runs with when its flags say nothing, for its ``--help``: the project's
+    settings (NOTIFYQ, then the environment), or notifyq's own defaults when those do not load,
+    which the command itself says when it runs. Opens no connection."""
+    try:
+        return notifyq_settings()
+    except ImproperlyConfigured:
+        return Settings.model_construct()
 
 
 def database_alias() -> str:

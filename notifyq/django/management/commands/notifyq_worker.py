@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from notifyq.cli._errors import one_line
 from notifyq.cli._signals import exit_now_if_threads_hang
-from notifyq.django._settings import autodiscover, notifyq_settings
+from notifyq.django._settings import autodiscover, effective_defaults, notifyq_settings
 from notifyq.django._worker import django_registry, release_orm_thread, run_worker
 
 
@@ -21,10 +21,18 @@ class Command(BaseCommand):  # type: ignore[misc]
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--queues", help="comma-separated queues to serve (default: all)")
-        parser.add_argument("--concurrency", type=int, help="jobs run at once (default 10)")
+        # The defaults shown are those in effect: settings.NOTIFYQ, the environment, notifyq's.
+        now = effective_defaults()
+        queues = ",".join(now.queues).replace("%", "%%") if now.queues else "all"
+        host = now.host.replace("%", "%%")  # argparse formats help with %
+        parser.add_argument("--queues", help=f"comma-separated queues to serve (default: {queues})")
         parser.add_argument(
-            "--poll-interval", type=float, help="seconds between fallback polls (default 5)"
+            "--concurrency", type=int, help=f"jobs run at once (default {now.concurrency})"
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=float,
+            help=f"seconds between fallback polls (default {now.poll_interval:g})",
         )
         parser.add_argument(
             "--import",
@@ -39,7 +47,7 @@ class Command(BaseCommand):  # type: ignore[misc]
         parser.add_argument(
             "--metrics-port", type=int, help="serve Prometheus metrics on this port"
         )
-        parser.add_argument("--host", help="address for --metrics-port (default 127.0.0.1)")
+        parser.add_argument("--host", help=f"address for --metrics-port (default {host})")
 
     def handle(self, *args: Any, **options: Any) -> None:
         imports = options["imports"]
