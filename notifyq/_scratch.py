@@ -12,8 +12,9 @@ mean nothing to each other, so a scratch database's owner is proved on the serve
 - :func:`drop_orphans` drops a marked database only while no session anywhere holds its key
   (``pg_locks`` covers the whole cluster, whatever database each session is connected to).
 
-A database is made before it is marked: a run killed between the two leaves an unmarked one,
-which stays until someone drops it by hand (a leak, never a loss).
+A database is made before it is marked, though both statements go to the server together: only
+a run killed in the instant between sending them leaves an unmarked database, which stays until
+someone drops it by hand (a leak, never a loss).
 
 The lease needs a direct connection (or a pooler in session mode): through a transaction-mode
 pooler a session lock lands on whichever server connection runs the statement. Private: the
@@ -27,6 +28,7 @@ import hashlib
 import logging
 import os
 import secrets
+import socket
 import threading
 from types import TracebackType
 from typing import Any
@@ -35,9 +37,6 @@ import psycopg
 from psycopg import sql
 
 logger = logging.getLogger(__name__)
-
-#: The ``application_name`` of a lease connection, for whoever reads ``pg_stat_activity``.
-LEASE_APPLICATION = "notifyq scratch lease"
 
 
 def lease_key(name: str) -> int:
@@ -74,8 +73,17 @@ def held(conn: psycopg.Connection[Any], name: str) -> bool:
     return bool(row and row[0])
 
 
+def application_name(purpose: str, pid: int | None = None) -> str:
+    """The ``application_name`` of this process's connections for ``purpose`` (lease, create,
+    drop, cleanup): whoever reads ``pg_stat_activity`` sees whose they are."""
+    pid = os.getpid() if pid is None else pid
+    return f"notifyq scratch {purpose}, pid {pid} on {socket.gethostname()}"[:63]
+
+
 def _connect(conninfo: str, purpose: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(conninfo, autocommit=True, connect_timeout=5, application_name=purpose)
+    return psycopg.connect(
+        conninfo, autocommit=True, connect_timeout=5, application_name=application_name(purpose)
+    )
 
 
 def _like(prefix: str) -> str:
@@ -86,7 +94,7 @@ def drop_orphans(conninfo: str, prefix: str) -> list[str]:
     """Drops the scratch databases named ``prefix...`` whose run is gone (marked, and their key
     held by no session); answers their names. Safe to run from any host at any time."""
     dropped: list[str] = []
-    with _connect(conninfo, "notifyq scratch cleanup") as conn:
+    with _connect(conninfo, "cleanup") as conn:
         rows = conn.execute(
             "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database"
             " WHERE datname LIKE %s",
@@ -168,7 +176,7 @@ class ScratchDatabases:
         with self._lock:
             if name not in self._owned:
                 raise ValueError(f"{name} is not a scratch database of this run")
-        with _connect(self.conninfo, "notifyq scratch") as conn:
+        with _connect(self.conninfo, "drop") as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
@@ -197,25 +205,30 @@ class ScratchDatabases:
         create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
         if template is not None:
             create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-        with _connect(self.conninfo, "notifyq scratch") as conn:
+        mark = sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+            sql.Identifier(name), sql.Literal(marker(name))
+        )
+        made: psycopg.Cursor[Any] | None = None
+        with _connect(self.conninfo, "create") as conn:
             try:
-                conn.execute(create)
+                # Both statements reach the server before the (slow) CREATE ends: a run killed
+                # meanwhile still leaves its database marked, for the next run to drop. With
+                # no Sync between them, the mark runs only if the CREATE succeeded (it commits
+                # at once), so a database someone else made is never marked.
+                with conn.pipeline():
+                    made = conn.execute(create)
+                    conn.execute(mark)
             except psycopg.errors.DuplicateDatabase:
                 return False
-            try:
-                conn.execute(
-                    sql.SQL("COMMENT ON DATABASE {} IS {}").format(
-                        sql.Identifier(name), sql.Literal(marker(name))
-                    )
-                )
             except BaseException:
-                # Made by this run, so this run drops it: unmarked, no later run would.
-                with contextlib.suppress(psycopg.Error):
-                    conn.execute(
-                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                            sql.Identifier(name)
+                if made is not None and made.pgresult is not None:
+                    # Made by this run, so this run drops it: unmarked, no later run would.
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute(
+                            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                                sql.Identifier(name)
+                            )
                         )
-                    )
                 raise
         return True
 
@@ -249,7 +262,7 @@ class ScratchDatabases:
                 renew = True
         else:
             renew = False
-        lease = _connect(self.conninfo, LEASE_APPLICATION)
+        lease = _connect(self.conninfo, "lease")
         try:
             # An idle_session_timeout on the server would end the lease in the middle of a run.
             if lease.info.server_version >= 140000:

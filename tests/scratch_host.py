@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from notifyq._scratch import application_name
 from tests.helpers import ROOT
 
 #: Where a run holding its databases writes their names, and the file it waits for.
@@ -165,6 +166,26 @@ def wait_for_file(path: Path, proc: subprocess.Popen[Any], log: Path, timeout: f
         assert time.monotonic() < deadline, f"the other run did not write {path.name}"
         time.sleep(0.02)
     return json.loads(path.read_text())
+
+
+def wait_until_gone(conn: psycopg.Connection[Any], pid: int, timeout: float = 30) -> None:
+    """Waits until no session of the killed run ``pid`` is left on the server: each one's
+    backend ends when it notices the closed socket, one in the middle of a CREATE DATABASE only
+    after it (its leases went with their sessions)."""
+    names = [application_name(purpose, pid) for purpose in ("lease", "create", "drop", "cleanup")]
+    deadline = time.monotonic() + timeout
+    while conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)", [names]
+    ).fetchone() != (0,):
+        assert time.monotonic() < deadline, f"sessions of the killed run {pid} outlived it"
+        time.sleep(0.02)
+
+
+def named_for(conn: psycopg.Connection[Any], prefix: str, pid: int) -> set[str]:
+    """Databases named as a run ``pid``'s scratch databases are."""
+    pattern = f"{prefix}{pid}_".replace("_", "\\_") + "%"
+    rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [pattern])
+    return {name for (name,) in rows.fetchall()}
 
 
 def existing(conn: psycopg.Connection[Any], names: list[str]) -> set[str]:

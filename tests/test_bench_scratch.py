@@ -11,7 +11,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from notifyq._scratch import held
 from tests.helpers import ROOT
 from tests.scratch_host import (
     READY,
@@ -28,9 +26,11 @@ from tests.scratch_host import (
     child_env,
     dead_pid,
     existing,
+    named_for,
     needs_pid_namespaces,
     on_another_host,
     wait_for_file,
+    wait_until_gone,
 )
 from tests.test_bench import _bench_module
 
@@ -95,19 +95,17 @@ def test_a_killed_benchs_database_is_dropped_by_the_next_benchs_start(
             stderr=subprocess.STDOUT,
         )
     try:
-        [name] = wait_for_file(ready, killed, log)["databases"]
+        announced = wait_for_file(ready, killed, log)
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait()
-    deadline = time.monotonic() + 10
-    while held(admin, name):  # its backend notices the closed socket soon, not at once
-        assert time.monotonic() < deadline, "the lease outlived its bench"
-        time.sleep(0.02)
+    [name], pid = announced["databases"], announced["pid"]
+    wait_until_gone(admin, pid)
     assert existing(admin, [name]) == {name}  # left behind
 
     assert name in next_bench_start(server_url)
 
-    assert existing(admin, [name]) == set()
+    assert named_for(admin, "notifyq_bench_", pid) == set()
 
 
 def test_a_database_named_like_a_bench_scratch_one_but_not_made_by_a_bench_is_never_dropped(
