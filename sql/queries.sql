@@ -652,6 +652,14 @@ ORDER BY w.worker_id;
 SELECT minute, completed, failed, cancelled, partial
 FROM notifyq.minute_stats_v1(%(minutes)s, %(fill)s);
 
+-- When there is anything to count per minute: notifyq's install in this database (its first
+-- migration), or the oldest finished job if one is older (a restored dump). The minutes before
+-- it are not counts still missing: no job of this database ended in them.
+-- name: counted_since
+SELECT least((SELECT min(applied_at) FROM notifyq.migrations),
+             (SELECT min(finished_at) FROM notifyq.jobs
+              WHERE status IN ('completed', 'failed', 'cancelled')));
+
 -- The dashboard's Scheduled page: queued jobs due later (first runs, retries waiting out their
 -- backoff, snoozed jobs), soonest first, one page after the (run_at, id) cursor. Jobs held back
 -- by their group are left out (jobs_due_idx serves the rest; the Jobs page lists them). The last

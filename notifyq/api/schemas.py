@@ -590,6 +590,12 @@ class MinutesOut(BaseModel):
     """Jobs ended per minute, oldest first, the minute under way last."""
 
     minutes: list[MinuteOut]
+    since: datetime | None = Field(
+        default=None,
+        description="When there is anything to count: notifyq's install in this database, or "
+        "its oldest finished job if older. Minutes before it are not missing counts (on a new "
+        "database, most of the hour): nothing ended then.",
+    )
 
 
 #: Why a scheduled job waits: its first run is set for later, a failed attempt waits out its

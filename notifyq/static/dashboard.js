@@ -685,11 +685,15 @@
 
   async function refreshHour() {
     const body = await api("GET", "stats/minutes", { minutes: 60 });
-    renderHour(body.minutes);
+    renderHour(body.minutes, body.since);
   }
 
-  function renderHour(rows) {
+  /** The bars, and a summary that says how many minutes its counts cover: on a new database
+   * the hour mostly lies before `since`, when there was nothing to count. */
+  function renderHour(rows, since) {
     const chart = $("hour-chart");
+    const begins = since ? Date.parse(since) : -Infinity;
+    const before = (r) => Date.parse(r.minute) + 60000 <= begins;
     const total = (r) => (r.completed ?? 0) + (r.failed ?? 0);
     const max = Math.max(1, ...rows.map(total));
     const step = HOUR_W / Math.max(rows.length, 1);
@@ -699,26 +703,35 @@
       const hc = ((r.completed ?? 0) / max) * (HOUR_H - 2);
       const hf = ((r.failed ?? 0) / max) * (HOUR_H - 2);
       const g = svg("g", { class: "hour-bar", "data-minute": r.minute, "data-completed": r.completed ?? "", "data-failed": r.failed ?? "", "data-partial": r.partial ? "1" : "" });
+      if (before(r)) g.dataset.before = "1";
       const title = svg("title");
       const when = `${fmtTime(r.minute).slice(11, 16)}${r.partial ? " (so far)" : ""}`;
-      title.textContent = r.completed === null ? `${when}: not counted yet` : `${when}: ${fmtInt(r.completed)} completed, ${fmtInt(r.failed)} failed, ${fmtInt(r.cancelled)} cancelled`;
+      title.textContent = before(r)
+        ? `${when}: before this database had jobs`
+        : r.completed === null
+          ? `${when}: not counted yet`
+          : `${when}: ${fmtInt(r.completed)} completed, ${fmtInt(r.failed)} failed, ${fmtInt(r.cancelled)} cancelled`;
       g.append(title, svg("rect", { class: "hour-bg", x, y: 0, width, height: HOUR_H }));
       if (hc > 0) g.append(svg("rect", { class: "hour-completed", x, y: HOUR_H - hc, width, height: hc }));
       if (hf > 0) g.append(svg("rect", { class: "hour-failed", x, y: HOUR_H - hc - hf, width, height: hf }));
       return g;
     });
     chart.replaceChildren(...bars);
-    const counted = rows.filter((r) => r.completed !== null);
+    const covered = rows.filter((r) => !before(r));
+    const counted = covered.filter((r) => r.completed !== null);
     const sum = (k) => counted.reduce((a, r) => a + r[k], 0);
-    const pending = rows.length - counted.length;
+    const pending = covered.length - counted.length;
+    const n = counted.length;
+    const note = n < rows.length ? ` · ${fmtInt(n)} minute${n === 1 ? "" : "s"} of data${pending ? `, ${fmtInt(pending)} more being counted` : ""}` : "";
     const summary = $("hour-summary");
     summary.replaceChildren(
       h("strong", { text: fmtInt(sum("completed")) }), " completed · ",
       h("strong", { class: sum("failed") ? "bad-text" : "", text: fmtInt(sum("failed")) }), " failed",
-      pending ? h("span", { class: "muted", text: ` (${fmtInt(pending)} minute${pending === 1 ? "" : "s"} still being counted)` }) : "",
+      note ? h("span", { class: "muted", text: note }) : "",
     );
     summary.dataset.completed = String(sum("completed"));
     summary.dataset.failed = String(sum("failed"));
+    summary.dataset.minutes = String(n);
   }
 
   // -- jobs list ---------------------------------------------------------------------------

@@ -185,6 +185,14 @@ class Managing(Runner):
         params = {"minutes": minutes, "fill": fill}
         return await self._all("minute_stats", params, dict_row, what="reading minute counts")
 
+    async def counted_since(self) -> datetime | None:
+        """When the minutes have anything to count: notifyq's install in this database, or the
+        oldest finished job if older (None: not installed)."""
+        since: datetime | None = await self._value(
+            "counted_since", None, what="reading minute counts"
+        )
+        return since
+
     async def list_workers(self, *, limit: int = 500) -> list[dict[str, Any]]:
         """The workers listening (idle) or running jobs, with up to 20 of their jobs each."""
         return await self._all("list_workers", {"limit": limit}, dict_row, what="listing workers")

@@ -128,9 +128,11 @@ async def minute_stats(
 ) -> MinutesOut:
     """Each whole minute is counted once from the finished jobs and stored (the first read
     after it ended does it; at most 10 per read), so every API process answers the same; the
-    minute under way is counted on each read."""
+    minute under way is counted on each read. ``since`` tells the minutes not counted yet from
+    those before the database had jobs."""
     rows = await store.minute_stats(minutes=minutes, fill=10)
-    return MinutesOut.model_validate({"minutes": rows})
+    since = await store.counted_since()
+    return MinutesOut.model_validate({"minutes": rows, "since": since})
 
 
 @open_router.get(
