@@ -444,7 +444,7 @@ def test_dashboard_shows_waiting_groups_progress_and_a_live_workflow(
             list_shows_waiting_jobs_and_group_keys(page, ids)
             progress_follows_in_the_list_and_live_in_the_detail(page, ids, commands)
             page.locator("#detail").get_by_role(
-                "button", name=f"Show workflow {workflow_id[:8]}"
+                "button", name=f"Show workflow …{workflow_id[-8:]}"
             ).click()
             expect(page).to_have_url(re.compile(f"#workflow={workflow_id}"))
             workflow_view_shows_the_graph_live(page, ids, commands)

@@ -151,7 +151,7 @@ def test_job_page_shows_a_timeline_and_deletes_after_asking(
         detail.get_by_role("button", name="Delete job").click()
         dialog = page.locator("#confirm")
         expect(dialog).to_be_visible()
-        expect(dialog).to_contain_text(f"Delete job {job_id[:8]}?")
+        expect(dialog).to_contain_text(f"Delete job …{job_id[-8:]}?")
         dialog.get_by_role("button", name="Keep them").click()
         expect(dialog).to_be_hidden()
         assert client.get(f"/jobs/{job_id}").status_code == 200
@@ -246,7 +246,7 @@ def test_queue_states_say_why_and_the_workers_page_shows_what_each_runs(
             expect(rows.first.locator('[data-col="queues"]')).to_contain_text("every queue")
             (step_id,) = post_batch(client, [{"task": "step", "payload": {"n": 1}}])
             expect(rows.first.locator('[data-col="running"]')).to_have_text("1")
-            running = rows.first.get_by_role("button", name=re.compile(f"Open job {step_id[:8]}"))
+            running = rows.first.get_by_role("button", name=re.compile(f"Open job …{step_id[-8:]}"))
             expect(running).to_be_visible()
             page.reload()  # the page is in the address
             expect(page.locator("#workers")).to_be_visible()
@@ -326,19 +326,19 @@ def test_the_scheduled_page_lists_jobs_due_later_and_runs_or_cancels_them(
         expect(rows).to_have_count(3)
 
         # Run now: due at once, and the worker runs it.
-        page.get_by_role("button", name=f"Run job {mail[:8]} now").click()
-        expect(page.locator("#toast")).to_contain_text(f"Job {mail[:8]} is due now.")
+        page.get_by_role("button", name=f"Run job …{mail[-8:]} now").click()
+        expect(page.locator("#toast")).to_contain_text(f"Job …{mail[-8:]} is due now.")
         expect(first).to_have_count(0)
         expect_status(client, mail, "completed")
         # Cancel asks first.
-        page.get_by_role("button", name=f"Cancel job {report[:8]}").click()
+        page.get_by_role("button", name=f"Cancel job …{report[-8:]}").click()
         dialog = page.locator("#confirm")
-        expect(dialog).to_contain_text(f"Cancel job {report[:8]}?")
+        expect(dialog).to_contain_text(f"Cancel job …{report[-8:]}?")
         dialog.get_by_role("button", name="Cancel job").click()
         expect(scheduled_row(page, report)).to_have_count(0)
         assert client.get(f"/jobs/{report}").json()["status"] == "cancelled"
         # A job's page opens from its row.
-        retry.get_by_role("button", name=f"Open job {retried[:8]}").click()
+        retry.get_by_role("button", name=f"Open job …{retried[-8:]}").click()
         expect(page.locator("#detail .job-id")).to_have_text(retried)
         expect(page.locator("#detail-status")).to_have_attribute("data-value", "queued")
         # Its page runs it now too: it fails again, and waits for its third attempt.

@@ -105,7 +105,27 @@
     );
   }
 
-  const shortId = (id) => String(id).slice(0, 8);
+  // Job ids are time-ordered (UUID version 7): they begin with the clock, the same for every
+  // job of the same minute, and a workflow's ids differ only in their last digits. So an id is
+  // shown by its end, as many digits as tell it from every other id this page has shown (git's
+  // rule for short hashes, read from the other end), at least ID_DIGITS. The count only grows,
+  // so a text shown once never comes to stand for another job.
+  const ID_DIGITS = 8;
+  const MAX_IDS_KEPT = 100000; // a page open for days forgets the oldest (the count stays)
+  const ids = { digits: ID_DIGITS, byEnd: new Map() }; // the end of each id shown -> the id
+
+  function shortId(id) {
+    const full = String(id).toLowerCase();
+    const end = (x) => x.slice(-ids.digits);
+    const other = ids.byEnd.get(end(full));
+    if (other !== undefined && other !== full) {
+      while (end(other) === end(full)) ids.digits += 1;
+      ids.byEnd = new Map([...ids.byEnd.values()].map((x) => [end(x), x]));
+    }
+    if (ids.byEnd.size >= MAX_IDS_KEPT) ids.byEnd.clear();
+    ids.byEnd.set(end(full), full);
+    return `…${end(full)}`;
+  }
 
   function badge(status) {
     const known = STATUSES.includes(status) || ["paused", "active", "running"].includes(status);
@@ -145,6 +165,12 @@
       bar.title = text;
       bar.setAttribute("aria-label", `Progress: ${text}`);
     }
+  }
+
+  /** An error's first line, cut at 200 characters: a list row or a timeline's line of it. */
+  function firstLine(text) {
+    const line = String(text ?? "").trim().split("\n", 1)[0];
+    return line.length > 200 ? `${line.slice(0, 200)}…` : line;
   }
 
   function json(value) {
@@ -834,13 +860,15 @@
   }
 
   function updateJobRow(tr, job) {
-    const key = json([job.status, job.attempt_count, job.max_attempts, job.task, job.queue, job.group_key, job.progress]);
+    const label = shortId(job.job_id);
+    const error = job.status === "failed" ? firstLine(job.error) : "";
+    const key = json([label, job.status, job.attempt_count, job.max_attempts, job.task, job.queue, job.group_key, job.progress, error]);
     const cell = (col) => tr.querySelector(`[data-col="${col}"]`);
     if (tr.dataset.key !== key) {
       tr.dataset.key = key;
       const open = tr.querySelector("button");
-      setText(open, shortId(job.job_id));
-      open.setAttribute("aria-label", `Open job ${shortId(job.job_id)} (${job.task}, ${job.status})`);
+      setText(open, label);
+      open.setAttribute("aria-label", `Open job ${label} (${job.task}, ${job.status})`);
       open.title = job.job_id;
       statusCell(cell("status"), job);
       const group = cell("group");
@@ -851,8 +879,12 @@
       setText(cell("queue"), job.queue);
       cell("queue").title = job.queue;
       setText(cell("attempts"), `${job.attempt_count}/${job.max_attempts}`);
+      // A failed job's error comes first: it is what the row is looked at for.
       const preview = JSON.stringify(job.payload);
-      setText(cell("payload"), preview.length > 160 ? `${preview.slice(0, 160)}…` : preview);
+      cell("payload").replaceChildren(
+        error ? h("span", { class: "row-error", title: job.error, text: error }) : "",
+        preview.length > 160 ? `${preview.slice(0, 160)}…` : preview,
+      );
     }
     const created = cell("created");
     setText(created, fmtAgo(job.created_at));
@@ -1624,6 +1656,7 @@
     const hasGroup = job.group_key !== null && job.group_key !== undefined;
     return [
       h("div", { class: "job-id", text: job.job_id }),
+      job.status === "failed" ? lastError(job, errors) : null,
       h(
         "dl",
         { class: "fields" },
@@ -1653,12 +1686,25 @@
     ];
   }
 
+  /** A failed job's error, at the top of its page (every attempt's is under Errors). */
+  function lastError(job, errors) {
+    const last = errors.length ? errors[errors.length - 1] : null; // appended as they fail
+    const text = job.error ?? (last ? last.error : null);
+    if (!text) return null;
+    return h(
+      "div",
+      { class: "top-error", data: { part: "error" } },
+      h("div", { class: "meta" }, h("strong", { text: "Failed" }), ` · attempt ${job.attempt_count} of ${job.max_attempts}`, last && last.at ? ` · ${fmtTime(last.at)}` : ""),
+      h("pre", { class: "error-text", text }),
+    );
+  }
+
   /** The job's life in time order: created, due, each failed attempt (from its errors
    * history), the last start, a cancel request, and its end. */
   function timeline(job) {
     const events = [];
-    const add = (kind, at, text) => {
-      if (at) events.push({ kind, at, text, t: Date.parse(at) });
+    const add = (kind, at, text, error) => {
+      if (at) events.push({ kind, at, text, error, t: Date.parse(at) });
     };
     add("created", job.created_at, "Created");
     if (job.run_at && job.run_at !== job.created_at) {
@@ -1666,7 +1712,7 @@
       add("run_at", job.run_at, due);
     }
     const errors = Array.isArray(job.errors) ? job.errors : [];
-    for (const e of errors) add("attempt_failed", e.at, `Attempt ${e.attempt ?? "?"} failed${e.worker ? ` on ${e.worker}` : ""}`);
+    for (const e of errors) add("attempt_failed", e.at, `Attempt ${e.attempt ?? "?"} failed${e.worker ? ` on ${e.worker}` : ""}`, e.error);
     add("started", job.started_at, `Attempt ${job.attempt_count} started${job.worker_id ? ` on ${job.worker_id}` : ""}`);
     add("cancel_requested", job.cancel_requested_at, "Cancel requested");
     if (FINAL.has(job.status)) add("finished", job.finished_at, `Ended ${job.status}`);
@@ -1682,6 +1728,7 @@
           h("span", { class: `tl-dot tl-${e.kind}`, "aria-hidden": "true" }),
           h("span", { class: "tl-text", text: e.text }),
           h("time", { datetime: e.at, class: "muted small", text: `${fmtTime(e.at)}${e.t > first ? ` (+${fmtDuration((e.t - first) / 1000)})` : ""}` }),
+          e.error ? h("span", { class: "tl-error", title: e.error, text: firstLine(e.error) }) : null,
         ),
       ),
     );
@@ -2135,8 +2182,8 @@
     const node = h(
       "button",
       { type: "button", class: "wf-node", data: { jobId: job.job_id, layer, outside } },
-      h("span", { class: "wf-task" }),
-      h("span", { class: "wf-meta" }, h("span", { class: "wf-status" }), " · ", h("span", { class: "wf-id", text: shortId(job.job_id) })),
+      h("span", { class: "wf-head" }, h("span", { class: "wf-ref" }), h("span", { class: "wf-task" })),
+      h("span", { class: "wf-meta" }, h("span", { class: "wf-status" }), " · ", h("span", { class: "wf-id" })),
     );
     node.addEventListener("click", () => openJob(job.job_id));
     return node;
@@ -2144,12 +2191,16 @@
 
   function updateNode(node, job) {
     if (!node) return;
-    const key = json([job.status, job.task, job.progress, job.group_key]);
+    const id = shortId(job.job_id);
+    const ref = job.ref ?? ""; // its name in POST /workflows
+    const key = json([id, ref, job.status, job.task, job.progress, job.group_key]);
     if (node.dataset.key === key) return;
     node.dataset.key = key;
     node.dataset.status = job.status;
+    setText(node.querySelector(".wf-ref"), ref);
     setText(node.querySelector(".wf-task"), job.task);
     setText(node.querySelector(".wf-status"), job.status);
+    setText(node.querySelector(".wf-id"), id);
     const p = barProgress(job);
     const bar = node.querySelector("progress");
     if (p && bar) updateBar(bar, p);
@@ -2157,14 +2208,14 @@
     else if (bar) bar.remove();
     const outside = Number(node.dataset.outside);
     const label = [
-      `Job ${job.task} ${shortId(job.job_id)}`,
+      `Job ${ref ? `${ref} (${job.task})` : job.task} ${id}`,
       job.status,
       p ? `progress ${fmtProgress(p)}` : null,
       job.group_key !== null && job.group_key !== undefined ? `group ${job.group_key}` : null,
       outside ? `also waits for ${outside} job${outside === 1 ? "" : "s"} outside this workflow` : null,
     ].filter(Boolean);
     node.setAttribute("aria-label", label.join(", "));
-    node.title = `${job.task}\n${job.job_id}\n${label.slice(1).join("\n")}`;
+    node.title = `${ref ? `${ref}: ` : ""}${job.task}\n${job.job_id}\n${label.slice(1).join("\n")}`;
   }
 
   /** Scales the graph (a CSS transform; set through the CSSOM, which the CSP allows). */
