@@ -23,6 +23,7 @@ from notifyq_bench.scenarios import (
     bulk_insert,
     concurrency,
     history,
+    horizon,
     insert_trigger,
     latency,
     lean,
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
     scenario.name: scenario
     for scenario in (
         lean.SCENARIO,
+        horizon.SCENARIO,
         latency.SCENARIO,
         throughput.SCENARIO,
         memory.SCENARIO,

@@ -50,6 +50,8 @@ class Sizes:
     dependent_pairs: int
     waits: int
     group_keys: int
+    #: Seconds of the ``horizon`` scenario's stream of jobs under a pinned xmin.
+    horizon_seconds: float
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -75,6 +77,7 @@ class Sizes:
                 dependent_pairs=20,
                 waits=10,
                 group_keys=1_000,
+                horizon_seconds=30.0,
             )
         return cls(
             idle_seconds=10.0,
@@ -97,6 +100,7 @@ class Sizes:
             dependent_pairs=100,
             waits=30,
             group_keys=10_000,
+            horizon_seconds=600.0,
         )
 
 
