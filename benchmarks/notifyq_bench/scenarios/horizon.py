@@ -307,8 +307,9 @@ def _analyse(
         ((read_at if math.isnan(t) else t) - c) * 1000 for c, t in zip(commits, stamps, strict=True)
     ]
 
+    # Jobs are inserted one after the other: their commit times are in order.
     def window_of(low: float, high: float) -> dict[str, float]:
-        picked = [ms for c, ms in zip(commits, latencies, strict=True) if low <= c <= high]
+        picked = latencies[bisect.bisect_left(commits, low) : bisect.bisect_right(commits, high)]
         p50, p95, p99 = percentiles(picked)
         return {"jobs": len(picked), "p50_ms": p50, "p95_ms": p95, "p99_ms": p99}
 
@@ -319,10 +320,9 @@ def _analyse(
         buckets.append({"s": round(edge - first, 1), **part})
         edge += WATCH_S
     started = sorted(t for t in stamps if not math.isnan(t))
-    ordered = sorted(commits)
 
     def backlog(at: float) -> int:
-        return max(0, bisect.bisect_right(ordered, at) - bisect.bisect_right(started, at))
+        return max(0, bisect.bisect_right(commits, at) - bisect.bisect_right(started, at))
 
     seconds = [first + s for s in range(int(span) + 1)]
     return {
