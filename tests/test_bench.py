@@ -269,10 +269,11 @@ def test_bench_refuses_an_unknown_scenario() -> None:
 
 
 def test_notifyq_bench_says_how_to_install_the_bench_when_it_is_missing() -> None:
-    # As if notifyq-bench were not installed, also where it is.
+    # As if notifyq-bench were not installed, also where it is. Asked to run (not for help,
+    # which always works: tests/test_cli.py), it says what to install.
     script = (
         "import sys; sys.modules['notifyq_bench'] = None; "
-        "from notifyq.cli import main; sys.exit(main(['bench', '--help']))"
+        "from notifyq.cli import main; sys.exit(main(['bench', '--quick']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],

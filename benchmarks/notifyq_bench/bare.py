@@ -94,6 +94,11 @@ ALTER TABLE bench.jobs ADD CONSTRAINT jobs_trace_context_bounded CHECK (
     trace_context IS NULL
     OR (jsonb_typeof(trace_context) = 'object' AND octet_length(trace_context::text) <= 1024)
 ) NOT VALID;
+-- As sql/018 adds them to notifyq.jobs.
+ALTER TABLE bench.jobs ADD COLUMN ref text;
+ALTER TABLE bench.jobs ADD CONSTRAINT jobs_ref_bounded CHECK (
+    ref IS NULL OR (workflow_id IS NOT NULL AND char_length(ref) BETWEEN 1 AND 200)
+) NOT VALID;
 CREATE INDEX ON bench.jobs (priority DESC, run_at, id)
     WHERE status = 'queued' AND NOT group_blocked;
 CREATE INDEX ON bench.jobs (run_at) WHERE status = 'queued' AND NOT group_blocked;
