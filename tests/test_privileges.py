@@ -148,7 +148,7 @@ def test_the_unpinned_defaults_trigger_never_calls_a_planted_overload(db_url: st
         conn.execute("DROP TABLE public.planted_calls")
 
 
-#: Exact matches of what the id of a new job is made with (sql/020), and an operator.
+#: Exact matches of what the id of a new job is made with (sql/019), and an operator.
 ID_PLANTS = [
     ("gen_random_uuid()", "uuid"),
     ("uuid_send(uuid)", "bytea"),
