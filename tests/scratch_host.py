@@ -36,7 +36,7 @@ RELEASE = "NQ_SCRATCH_HOST_RELEASE"
 
 
 def test_holds_its_databases(db_url: str, template_db: str) -> None:
-    announce([db_url.rsplit("/", 1)[1], template_db])
+    announce([str(conninfo_to_dict(db_url)["dbname"]), template_db])
     wait_for_release()
     with psycopg.connect(db_url) as conn:  # still there, for the whole run
         conn.execute("SELECT 1")

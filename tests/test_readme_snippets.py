@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from notifyq import SyncQueue
 from tests.helpers import ROOT, Process, notifyq_env, processes
@@ -311,7 +312,8 @@ def test_the_django_views_curl_gets_the_order_and_its_job(
 ) -> None:
     pytest.importorskip("django")
     manage = [sys.executable, str(ROOT / "tests" / "django_project" / "manage.py")]
-    env = notifyq_env(server_url, SHOP_DATABASE=empty_db_url.rsplit("/", 1)[1])
+    dbname = conninfo_to_dict(empty_db_url)["dbname"]  # a socket URL has ?host= after it
+    env = notifyq_env(server_url, SHOP_DATABASE=str(dbname))
     migrate = subprocess.run(
         [*manage, "migrate", "--noinput"], env=env, capture_output=True, text=True, timeout=90
     )
