@@ -34,7 +34,7 @@ PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "ded
                     "workflow_id", "trace_context")  # fmt: skip
 #: Tables whose rows a worker (or the API) reads and writes.
 WORKER_TABLES = (
-    "jobs", "tasks", "queues", "periodic_ticks", "waiting_workers", "watched_jobs",
+    "jobs", "jobs_done", "tasks", "queues", "periodic_ticks", "waiting_workers", "watched_jobs",
     "minute_stats",
 )  # fmt: skip
 #: Tables a worker only reads.
@@ -57,7 +57,7 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
         columns = sql.SQL(", ").join(map(sql.Identifier, PRODUCER_COLUMNS))
         found += [
             sql.SQL("GRANT INSERT ({}) ON notifyq.jobs TO {}").format(columns, who),
-            sql.SQL("GRANT SELECT ON notifyq.jobs TO {}").format(who),
+            sql.SQL("GRANT SELECT ON notifyq.jobs, notifyq.jobs_done TO {}").format(who),
             sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier("notifyq", ARCHIVE), who),
         ]
         return found

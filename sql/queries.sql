@@ -178,19 +178,27 @@ SELECT name, max_attempts, options, updated_at, breaker_threshold, breaker_coold
 FROM notifyq.tasks
 ORDER BY name;
 
--- Jobs newest first, filtered, one page after the (created_at, id) cursor.
+-- Jobs newest first (by id: a version 7 id sorts by the time it was made), filtered, one page
+-- after the cursor's id. The live jobs and the finished ones are read each from its table, and
+-- only from the one that can hold the status asked for, whatever plan the statement gets (the
+-- test on %(status)s is a one-time filter; a CHECK can leave a table out only at planning).
 -- name: list_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref
-FROM notifyq.jobs
+FROM (
+    SELECT * FROM ONLY notifyq.jobs
+    WHERE (%(status)s::text IS NULL OR %(status)s::text IN ('waiting', 'queued', 'processing'))
+    UNION ALL
+    SELECT * FROM notifyq.jobs_done
+    WHERE (%(status)s::text IS NULL OR %(status)s::text IN ('completed', 'failed', 'cancelled'))
+) AS j
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
-  AND (%(after_created)s::timestamptz IS NULL
-       OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
-ORDER BY created_at DESC, id DESC
+  AND (%(after_id)s::uuid IS NULL OR id < %(after_id)s::uuid)
+ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- A failed or cancelled job goes back (see notifyq.retry_v2, sql/015): answers its status now
@@ -206,7 +214,7 @@ SELECT status, refused FROM notifyq.retry_v2(%(id)s)
 -- name: retry_jobs
 WITH candidates AS MATERIALIZED (
     SELECT id, queue, dedup_key, created_at, group_seq
-    FROM notifyq.jobs
+    FROM notifyq.jobs_done
     WHERE status = %(status)s::text AND id > %(after)s::uuid
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
@@ -296,47 +304,50 @@ SELECT notifyq.refresh_watches_v1(%(watcher)s, %(ids)b::uuid[], %(ttl)s::float8)
 -- name: unwatch_jobs
 SELECT notifyq.unwatch_v1(id, %(watcher)s) FROM pg_catalog.unnest(%(ids)b::uuid[]) AS id;
 
--- Counts per queue. Queued, processing, failed and cancelled rows are few by construction and
--- counted exactly through their partial indexes; completed rows can be millions, so above
--- %(exact_below)s rows in the table they are estimated from a block sample.
+-- Counts per queue. Live jobs are counted in the queue's table, failed and cancelled ones
+-- through their partial index, exactly; completed jobs can be millions, so above
+-- %(exact_below)s finished jobs they are estimated from a block sample.
 -- name: queue_stats
 WITH estimate AS (
     SELECT greatest(reltuples, 0)::bigint AS rows
-    FROM pg_class WHERE oid = 'notifyq.jobs'::regclass
+    FROM pg_class WHERE oid = 'notifyq.jobs_done'::regclass
 ), live AS (
     SELECT queue,
            count(*) FILTER (WHERE status = 'waiting') AS waiting,
            count(*) FILTER (WHERE status = 'queued') AS queued,
            count(*) FILTER (WHERE status = 'queued' AND run_at <= now()) AS due,
            count(*) FILTER (WHERE status = 'processing') AS processing,
-           count(*) FILTER (WHERE status = 'failed') AS failed,
-           count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'queued'
                                                            AND run_at <= now()))::float8
                AS oldest_due_seconds
-    FROM notifyq.jobs
-    WHERE status IN ('waiting', 'queued', 'processing', 'failed', 'cancelled')
+    FROM ONLY notifyq.jobs
+    GROUP BY queue
+), dead AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'cancelled') AS cancelled
+    FROM notifyq.jobs_done
+    WHERE status IN ('failed', 'cancelled')
     GROUP BY queue
 ), recent AS (
     SELECT queue,
            count(*) FILTER (WHERE status = 'completed') AS completed_last_minute,
            count(*) FILTER (WHERE status = 'failed') AS failed_last_minute
-    FROM notifyq.jobs
-    WHERE status IN ('completed', 'failed', 'cancelled')
-      AND finished_at > now() - interval '1 minute'
+    FROM notifyq.jobs_done
+    WHERE finished_at > now() - interval '1 minute'
     GROUP BY queue
 ), completed_exact AS (
     SELECT queue, count(*) AS completed
-    FROM notifyq.jobs
+    FROM notifyq.jobs_done
     WHERE status = 'completed' AND (SELECT rows FROM estimate) < %(exact_below)s
     GROUP BY queue
 ), completed_sampled AS (
     SELECT queue, (count(*) * 100.0 / %(sample_percent)s)::bigint AS completed
-    FROM notifyq.jobs TABLESAMPLE SYSTEM (%(sample_percent)s)
+    FROM notifyq.jobs_done TABLESAMPLE SYSTEM (%(sample_percent)s)
     WHERE status = 'completed' AND (SELECT rows FROM estimate) >= %(exact_below)s
     GROUP BY queue
 ), names AS (
-    SELECT queue FROM live UNION SELECT queue FROM recent
+    SELECT queue FROM live UNION SELECT queue FROM dead UNION SELECT queue FROM recent
     UNION SELECT queue FROM completed_exact UNION SELECT queue FROM completed_sampled
     UNION SELECT name FROM notifyq.queues
 )
@@ -344,7 +355,7 @@ SELECT n.queue,
        coalesce(l.waiting, 0) AS waiting, coalesce(l.queued, 0) AS queued, coalesce(l.due, 0) AS due,
        coalesce(l.processing, 0) AS processing,
        coalesce(ce.completed, cs.completed, 0) AS completed,
-       coalesce(l.failed, 0) AS failed, coalesce(l.cancelled, 0) AS cancelled,
+       coalesce(d.failed, 0) AS failed, coalesce(d.cancelled, 0) AS cancelled,
        (SELECT rows FROM estimate) >= %(exact_below)s AS completed_estimated,
        l.oldest_due_seconds,
        coalesce(r.completed_last_minute, 0) AS completed_last_minute,
@@ -353,6 +364,7 @@ SELECT n.queue,
        q.rate_limit
 FROM names AS n
 LEFT JOIN live AS l ON l.queue = n.queue
+LEFT JOIN dead AS d ON d.queue = n.queue
 LEFT JOIN recent AS r ON r.queue = n.queue
 LEFT JOIN completed_exact AS ce ON ce.queue = n.queue
 LEFT JOIN completed_sampled AS cs ON cs.queue = n.queue
@@ -439,27 +451,34 @@ SELECT 1;
 
 -- The dashboard's search: jobs newest first, filtered, whose payload contains %(contains)s
 -- (jsonb @>). No index serves @>, so the cost is bounded instead: at most %(scan)s rows after
--- the cursor are looked at (in jobs_created_idx order), and the page holds the matches among
+-- the cursor are looked at (newest first, as list_jobs), and the page holds the matches among
 -- them. Every row answers the scan's extent too (one row with NULL job columns when nothing
 -- matched), so the caller can go on from where the scan stopped.
 -- name: search_jobs
 WITH scanned AS MATERIALIZED (
     SELECT id, created_at, payload @> %(contains)s::jsonb AS hit
-    FROM notifyq.jobs
+    FROM (
+        SELECT * FROM ONLY notifyq.jobs
+        WHERE (%(status)s::text IS NULL
+               OR %(status)s::text IN ('waiting', 'queued', 'processing'))
+        UNION ALL
+        SELECT * FROM notifyq.jobs_done
+        WHERE (%(status)s::text IS NULL
+               OR %(status)s::text IN ('completed', 'failed', 'cancelled'))
+    ) AS j
     WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(group_key)s::text IS NULL OR group_key = %(group_key)s::text)
-      AND (%(after_created)s::timestamptz IS NULL
-           OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
-    ORDER BY created_at DESC, id DESC
+      AND (%(after_id)s::uuid IS NULL OR id < %(after_id)s::uuid)
+    ORDER BY id DESC
     LIMIT %(scan)s
 ), hits AS MATERIALIZED (
-    SELECT id FROM scanned WHERE hit ORDER BY created_at DESC, id DESC LIMIT %(limit)s
+    SELECT id FROM scanned WHERE hit ORDER BY id DESC LIMIT %(limit)s
 ), extent AS (
     SELECT (SELECT count(*) FROM scanned)::integer AS scanned,
-           (SELECT created_at FROM scanned ORDER BY created_at, id LIMIT 1) AS last_created,
-           (SELECT id FROM scanned ORDER BY created_at, id LIMIT 1) AS last_id
+           (SELECT created_at FROM scanned ORDER BY id LIMIT 1) AS last_created,
+           (SELECT id FROM scanned ORDER BY id LIMIT 1) AS last_id
 )
 SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attempt_count,
        j.max_attempts, j.dedup_key, j.result, j.last_error, j.errors, j.created_at, j.started_at,
@@ -467,7 +486,7 @@ SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attem
        j.group_key, j.workflow_id, j.progress, j.ref, e.scanned, e.last_created, e.last_id
 FROM extent AS e
 LEFT JOIN (hits JOIN notifyq.jobs AS j USING (id)) ON true
-ORDER BY j.created_at DESC, j.id DESC;
+ORDER BY j.id DESC;
 
 -- How many jobs in %(statuses)s match the filters, looking at %(scan)s rows at most: answers
 -- the matches and the rows looked at (the count is exact when fewer than %(scan)s were).
@@ -662,7 +681,8 @@ SELECT least((SELECT min(applied_at) FROM notifyq.migrations),
 
 -- The dashboard's Scheduled page: queued jobs due later (first runs, retries waiting out their
 -- backoff, snoozed jobs), soonest first, one page after the (run_at, id) cursor. Jobs held back
--- by their group are left out (jobs_due_idx serves the rest; the Jobs page lists them). The last
+-- by their group are left out (jobs_deferred_idx serves the rest; the Jobs page lists
+-- them: a job due later was deferred, so its run_at is past its created_at). The last
 -- error's time and attempt come as text: the API tells retries from snoozes with them, and a
 -- stored value that is not a time must not fail the page.
 -- name: scheduled_jobs
@@ -672,8 +692,8 @@ SELECT id, task, queue, priority, run_at, attempt_count, max_attempts, claims, c
        CASE WHEN jsonb_typeof(errors) = 'array' THEN errors -> -1 ->> 'attempt' END
            AS last_error_attempt,
        now() AS now
-FROM notifyq.jobs
-WHERE status = 'queued' AND NOT group_blocked AND run_at > now()
+FROM ONLY notifyq.jobs
+WHERE status = 'queued' AND NOT group_blocked AND run_at > created_at AND run_at > now()
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(after_run_at)s::timestamptz IS NULL
@@ -687,7 +707,7 @@ LIMIT %(limit)s;
 -- queued for later (unknown, due already, or not queued).
 -- name: run_job_now
 WITH moved AS (
-    UPDATE notifyq.jobs
+    UPDATE ONLY notifyq.jobs
     SET run_at = now()
     WHERE id = %(id)s AND status = 'queued' AND run_at > now()
     RETURNING id, queue, group_blocked

@@ -15,63 +15,6 @@ SET row_security = off;
 
 CREATE SCHEMA notifyq;
 
-CREATE FUNCTION notifyq.accept_job_v1() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    v_owned text[] := ARRAY[]::text[];
-    v_defaults record;
-BEGIN
-    IF NEW.status IS DISTINCT FROM 'queued' THEN v_owned := v_owned || 'status'::text; END IF;
-    IF NEW.attempt_count <> 0 THEN v_owned := v_owned || 'attempt_count'::text; END IF;
-    IF NEW.claims <> 0 THEN v_owned := v_owned || 'claims'::text; END IF;
-    IF NEW.lost_count <> 0 THEN v_owned := v_owned || 'lost_count'::text; END IF;
-    IF NEW.worker_id IS NOT NULL THEN v_owned := v_owned || 'worker_id'::text; END IF;
-    IF NEW.lease_expires_at IS NOT NULL THEN
-        v_owned := v_owned || 'lease_expires_at'::text;
-    END IF;
-    IF NEW.heartbeat_at IS NOT NULL THEN v_owned := v_owned || 'heartbeat_at'::text; END IF;
-    IF NEW.started_at IS NOT NULL THEN v_owned := v_owned || 'started_at'::text; END IF;
-    IF NEW.finished_at IS NOT NULL THEN v_owned := v_owned || 'finished_at'::text; END IF;
-    IF NEW.result IS NOT NULL THEN v_owned := v_owned || 'result'::text; END IF;
-    IF NEW.last_error IS NOT NULL THEN v_owned := v_owned || 'last_error'::text; END IF;
-    IF NEW.errors IS DISTINCT FROM '[]'::jsonb THEN v_owned := v_owned || 'errors'::text; END IF;
-    IF NEW.cancel_requested_at IS NOT NULL THEN
-        v_owned := v_owned || 'cancel_requested_at'::text;
-    END IF;
-    IF cardinality(v_owned) > 0 THEN
-        RAISE EXCEPTION 'notifyq.jobs: % % set by notifyq''s workers, not by an INSERT',
-                        array_to_string(v_owned, ', '),
-                        CASE WHEN cardinality(v_owned) = 1 THEN 'is' ELSE 'are' END
-            USING ERRCODE = 'check_violation',
-                  HINT = 'Insert the task and payload (and queue, priority, run_at, dedup_key, '
-                         'max_attempts) only: every job starts queued.';
-    END IF;
-    IF NOT NEW.run_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00' THEN
-        RAISE EXCEPTION 'notifyq.jobs: run_at must be a finite time between the years 1900 and '
-                        '9998, not %', NEW.run_at
-            USING ERRCODE = 'datetime_field_overflow';
-    END IF;
-    IF NOT NEW.created_at BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00' THEN
-        RAISE EXCEPTION 'notifyq.jobs: created_at must be a finite time between the years 1900 '
-                        'and 9998, not %', NEW.created_at
-            USING ERRCODE = 'datetime_field_overflow';
-    END IF;
-    IF NEW.task IS NULL OR NEW.queue IS NULL OR NEW.priority IS NULL
-       OR NEW.max_attempts IS NULL THEN
-        SELECT d.task, d.queue, d.priority, d.max_attempts INTO v_defaults
-        FROM notifyq.job_defaults_v1(ARRAY[NEW.task], ARRAY[NEW.payload], ARRAY[NEW.queue],
-                                     ARRAY[NEW.priority], ARRAY[NEW.max_attempts], NULL) AS d;
-        NEW.task := v_defaults.task;
-        NEW.queue := v_defaults.queue;
-        NEW.priority := v_defaults.priority;
-        NEW.max_attempts := v_defaults.max_attempts;
-    END IF;
-    RETURN NEW;
-END;
-$$;
-
 CREATE FUNCTION notifyq.accept_job_v2() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -135,15 +78,24 @@ BEGIN
             RAISE EXCEPTION 'notifyq.jobs: job % cannot depend on itself', NEW.id
                 USING ERRCODE = 'foreign_key_violation';
         END IF;
-        SELECT count(*) AS found,
-               count(*) FILTER (WHERE p.status = 'completed') AS completed,
-               (array_agg(p.id ORDER BY p.id)
-                    FILTER (WHERE p.status IN ('failed', 'cancelled')))[1] AS ended,
-               (array_agg(p.status ORDER BY p.id)
-                    FILTER (WHERE p.status IN ('failed', 'cancelled')))[1] AS ended_status
-        INTO v_parents
-        FROM (SELECT j.id, j.status FROM notifyq.jobs AS j
-              WHERE j.id = ANY(NEW.depends_on) ORDER BY j.id FOR KEY SHARE) AS p;
+        -- Parents that have finished are locked (FOR KEY SHARE) so that retention cannot delete
+        -- them before this insert commits; live ones cannot be deleted, and are looked at again
+        -- at commit (recheck_waiting_v1). Both tables in one statement, so a parent that
+        -- finishes meanwhile is counted once; one that a statement waited for (a retry moving
+        -- it back) is read again by the next.
+        FOR v_try IN 1..2 LOOP
+            SELECT count(*) AS found,
+                   count(*) FILTER (WHERE p.status = 'completed') AS completed,
+                   bool_or(p.status IN ('failed', 'cancelled')) AS ended
+            INTO v_parents
+            FROM (SELECT d.id, d.status
+                  FROM (SELECT d.id, d.status FROM notifyq.jobs_done AS d
+                        WHERE d.id = ANY(NEW.depends_on) ORDER BY d.id FOR KEY SHARE) AS d
+                  UNION ALL
+                  SELECT j.id, j.status FROM ONLY notifyq.jobs AS j
+                  WHERE j.id = ANY(NEW.depends_on)) AS p;
+            EXIT WHEN v_parents.found >= cardinality(NEW.depends_on);
+        END LOOP;
         IF v_parents.found < cardinality(NEW.depends_on) THEN
             RAISE EXCEPTION 'notifyq.jobs: depends_on names job(s) that do not exist: %',
                 array_to_string(ARRAY(
@@ -151,21 +103,18 @@ BEGIN
                     WHERE NOT EXISTS (SELECT 1 FROM notifyq.jobs AS j WHERE j.id = d)), ', ')
                 USING ERRCODE = 'foreign_key_violation';
         END IF;
-        IF v_parents.ended IS NOT NULL THEN
-            NEW.status := 'cancelled';
-            NEW.finished_at := now();
-            NEW.last_error := format('cancelled: job %s, which it depends on, %s', v_parents.ended,
-                                     CASE WHEN v_parents.ended_status = 'failed' THEN 'failed'
-                                          ELSE 'was cancelled' END);
-        ELSIF v_parents.completed < v_parents.found THEN
+        -- A job whose parent failed or was cancelled waits too: an INSERT cannot put it among
+        -- the finished jobs. The enqueue functions cancel it at once (doom_waiting_v1), the
+        -- check at commit otherwise.
+        IF v_parents.ended OR v_parents.completed < v_parents.found THEN
             NEW.status := 'waiting';
         END IF;
     END IF;
     IF NEW.group_key IS NOT NULL THEN
         PERFORM notifyq.lock_group_v1(NEW.queue, NEW.group_key);
         NEW.group_seq := nextval('notifyq.group_seq');
-        NEW.group_blocked := NEW.status <> 'cancelled' AND EXISTS (
-            SELECT 1 FROM notifyq.jobs AS g
+        NEW.group_blocked := EXISTS (
+            SELECT 1 FROM ONLY notifyq.jobs AS g
             WHERE g.queue = NEW.queue AND g.group_key = NEW.group_key
               AND g.status IN ('waiting', 'queued', 'processing'));
     END IF;
@@ -192,18 +141,18 @@ BEGIN
         FROM unnest(p_queues, p_group_keys) AS u(queue, group_key)
         WHERE u.group_key IS NOT NULL
     ), heads AS (
-        SELECT (SELECT j.id FROM notifyq.jobs AS j
+        SELECT (SELECT j.id FROM ONLY notifyq.jobs AS j
                 WHERE j.queue = g.queue AND j.group_key = g.group_key
                   AND j.status IN ('waiting', 'queued') AND j.group_blocked
                 ORDER BY j.group_seq
                 LIMIT 1) AS id
         FROM groups AS g
-        WHERE (SELECT true FROM notifyq.jobs AS j
+        WHERE (SELECT true FROM ONLY notifyq.jobs AS j
                WHERE j.queue = g.queue AND j.group_key = g.group_key
                  AND j.status IN ('waiting', 'queued', 'processing') AND NOT j.group_blocked
                LIMIT 1) IS NULL
     )
-    UPDATE notifyq.jobs AS j SET group_blocked = false
+    UPDATE ONLY notifyq.jobs AS j SET group_blocked = false
     FROM heads AS h
     WHERE j.id = h.id
     RETURNING j.id, CASE WHEN j.status = 'queued' THEN j.queue END;
@@ -222,6 +171,18 @@ BEGIN
     PERFORM pg_notify('notifyq_job', w.job_id::text)
     FROM (SELECT DISTINCT job_id FROM notifyq.watched_jobs
           WHERE job_id = ANY(p_ids) AND expires_at > now()) AS w;
+END;
+$$;
+
+CREATE FUNCTION notifyq.anything_follows_v1(p_ids uuid[], p_group_keys text[]) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN p_group_keys IS NOT NULL
+        OR EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS c
+                   WHERE c.status = 'waiting' AND c.depends_on <> '{}' AND c.depends_on && p_ids);
 END;
 $$;
 
@@ -318,18 +279,16 @@ DECLARE
     v_moved integer;
 BEGIN
     WITH moved AS (
-        DELETE FROM notifyq.jobs AS j
-        WHERE j.id IN (SELECT c.id FROM notifyq.jobs AS c
-                       WHERE c.status IN ('completed', 'failed', 'cancelled')
-                         AND c.finished_at < now() - make_interval(secs => p_after)
-                         AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS w
+        DELETE FROM notifyq.jobs_done AS j
+        WHERE j.id IN (SELECT c.id FROM notifyq.jobs_done AS c
+                       WHERE c.finished_at < now() - make_interval(secs => p_after)
+                         AND NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS w
                                          WHERE w.status IN ('waiting', 'queued')
                                            AND w.depends_on <> '{}'
                                            AND w.depends_on @> ARRAY[c.id])
                        ORDER BY c.finished_at
                        LIMIT p_limit
                        FOR UPDATE SKIP LOCKED)
-          AND j.status IN ('completed', 'failed', 'cancelled')
         RETURNING j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at,
                   j.attempt_count, j.max_attempts, j.dedup_key, j.result, j.last_error,
                   j.errors, j.created_at, j.started_at, j.finished_at, j.worker_id,
@@ -407,55 +366,22 @@ CREATE FUNCTION notifyq.beat_v1(p_worker_id text, p_ids uuid[], p_claims integer
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    UPDATE notifyq.jobs AS j
+    UPDATE ONLY notifyq.jobs AS j
     SET lease_expires_at = now() + make_interval(secs => p_lease),
-        heartbeat_at = CASE WHEN d.running THEN now() ELSE j.heartbeat_at END
-    FROM unnest(p_ids, p_claims, p_running) AS d(id, claim, running)
-    WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
+        heartbeat_at = CASE WHEN p_running[array_position(p_ids, j.id)] THEN now()
+                            ELSE j.heartbeat_at END
+    WHERE j.id = ANY(p_ids)
+      AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                           p_claims[array_position(p_ids, j.id)])
     RETURNING j.id, j.cancel_requested_at IS NOT NULL;
-END;
-$$;
-
-CREATE FUNCTION notifyq.cancel_job_v1(p_id uuid) RETURNS TABLE(was text, status text)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    v_job record;
-    v_held boolean;
-BEGIN
-    SELECT j.status, j.lease_expires_at, j.cancel_requested_at INTO v_job
-    FROM notifyq.jobs AS j WHERE j.id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    v_held := v_job.status = 'processing'
-              AND coalesce(v_job.lease_expires_at > now(), false);
-    IF v_job.status = 'queued' OR (v_job.status = 'processing' AND NOT v_held) THEN
-        UPDATE notifyq.jobs AS j
-        SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
-            cancel_requested_at = coalesce(j.cancel_requested_at, now()),
-            last_error = CASE WHEN v_job.status = 'queued' THEN 'cancelled before it ran'
-                              ELSE 'cancelled while no live worker held it (its lease had '
-                                   'run out)' END
-        WHERE j.id = p_id;
-        RETURN QUERY SELECT v_job.status, 'cancelled'::text;
-    ELSIF v_held THEN
-        IF v_job.cancel_requested_at IS NULL THEN
-            UPDATE notifyq.jobs AS j SET cancel_requested_at = now() WHERE j.id = p_id;
-        END IF;
-        PERFORM pg_notify('notifyq_cancel', p_id::text);
-        RETURN QUERY SELECT v_job.status, v_job.status;
-    ELSE
-        RETURN QUERY SELECT v_job.status, v_job.status;
-    END IF;
 END;
 $$;
 
@@ -466,29 +392,36 @@ CREATE FUNCTION notifyq.cancel_job_v2(p_id uuid) RETURNS TABLE(was text, status 
 #variable_conflict use_column
 DECLARE
     v_job record;
+    v_found boolean := false;
     v_held boolean;
 BEGIN
-    SELECT j.status, j.lease_expires_at, j.cancel_requested_at, j.queue, j.group_key INTO v_job
-    FROM notifyq.jobs AS j WHERE j.id = p_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    FOR v_try IN 1..2 LOOP
+        SELECT j.status, j.lease_expires_at, j.cancel_requested_at, j.queue, j.group_key
+        INTO v_job
+        FROM notifyq.jobs AS j WHERE j.id = p_id FOR NO KEY UPDATE;
+        v_found := FOUND;
+        EXIT WHEN v_found;
+    END LOOP;
+    IF NOT v_found THEN
         RETURN;
     END IF;
     v_held := v_job.status = 'processing'
               AND coalesce(v_job.lease_expires_at > now(), false);
     IF v_job.status IN ('queued', 'waiting') OR (v_job.status = 'processing' AND NOT v_held) THEN
-        UPDATE notifyq.jobs AS j
-        SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
+        UPDATE ONLY notifyq.jobs AS j
+        SET finished_at = now(), lease_expires_at = NULL,
             cancel_requested_at = coalesce(j.cancel_requested_at, now()),
             last_error = CASE WHEN v_job.status IN ('queued', 'waiting')
                               THEN 'cancelled before it ran'
                               ELSE 'cancelled while no live worker held it (its lease had '
                                    'run out)' END
         WHERE j.id = p_id;
+        PERFORM notifyq.end_jobs_v1(ARRAY[p_id], ARRAY['cancelled']);
         PERFORM notifyq.settle_v1(ARRAY[p_id], ARRAY[v_job.queue], ARRAY[v_job.group_key]);
         RETURN QUERY SELECT v_job.status, 'cancelled'::text;
     ELSIF v_held THEN
         IF v_job.cancel_requested_at IS NULL THEN
-            UPDATE notifyq.jobs AS j SET cancel_requested_at = now() WHERE j.id = p_id;
+            UPDATE ONLY notifyq.jobs AS j SET cancel_requested_at = now() WHERE j.id = p_id;
         END IF;
         PERFORM pg_notify('notifyq_cancel', p_id::text);
         PERFORM notifyq.announce_v1(ARRAY[p_id]);
@@ -499,45 +432,26 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.cancel_running_v2(p_worker_id text, p_ids uuid[], p_claims integer[]) RETURNS SETOF uuid
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-BEGIN
-    RETURN QUERY
-    UPDATE notifyq.jobs AS j
-    SET status = 'cancelled',
-        finished_at = now(),
-        lease_expires_at = NULL,
-        last_error = format('cancelled while running attempt %s', j.attempt_count)
-    FROM unnest(p_ids, p_claims) AS d(id, claim)
-    WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
-    RETURNING j.id;
-END;
-$$;
-
 CREATE FUNCTION notifyq.cancel_running_v3(p_worker_id text, p_ids uuid[], p_claims integer[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 DECLARE
     v_ended record;
 BEGIN
     WITH stopped AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'cancelled',
-            finished_at = now(),
+        UPDATE ONLY notifyq.jobs AS j
+        SET finished_at = now(),
             lease_expires_at = NULL,
             last_error = format('cancelled while running attempt %s', j.attempt_count)
-        FROM unnest(p_ids, p_claims) AS d(id, claim)
-        WHERE j.id = d.id
-          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
+        WHERE j.id = ANY(p_ids)
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                               p_claims[array_position(p_ids, j.id)])
         RETURNING j.id, j.queue, j.group_key
     )
     SELECT array_agg(x.id) AS ids,
@@ -545,243 +459,13 @@ BEGIN
            array_agg(x.group_key) FILTER (WHERE x.group_key IS NOT NULL) AS group_keys
     INTO v_ended FROM stopped AS x;
     IF v_ended.ids IS NOT NULL THEN
+        PERFORM notifyq.end_jobs_v1(v_ended.ids,
+                                    array_fill('cancelled'::text,
+                                               ARRAY[cardinality(v_ended.ids)]));
         PERFORM notifyq.settle_v1(v_ended.ids, v_ended.queues, v_ended.group_keys);
         RETURN QUERY SELECT unnest(v_ended.ids);
     END IF;
 END;
-$$;
-
-CREATE FUNCTION notifyq.claim_limited_v1(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, created_at double precision, run_at double precision)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
-    v_room integer;
-    v_tokens double precision;
-    v_task_room jsonb := '{}'::jsonb;
-    v_queue_room jsonb := '{}'::jsonb;
-    v_ids uuid[] := '{}';
-BEGIN
-    FOR r IN
-        SELECT t.name, t.max_concurrency, t.rate_limit, t.rate_tokens, t.rate_refilled_at,
-               coalesce(t.rate_burst, greatest(t.rate_limit, 1)) AS burst
-        FROM notifyq.tasks AS t
-        WHERE t.name = ANY(p_tasks) AND t.breaker_open_until IS NULL
-          AND (t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-        ORDER BY t.name
-        FOR UPDATE
-    LOOP
-        v_room := p_limit;
-        IF r.max_concurrency IS NOT NULL THEN
-            v_room := least(v_room, r.max_concurrency - (
-                SELECT count(*) FROM notifyq.jobs AS j
-                WHERE j.status = 'processing' AND j.task = r.name)::integer);
-        END IF;
-        IF r.rate_limit IS NOT NULL THEN
-            v_tokens := least(r.burst, r.rate_tokens
-                              + r.rate_limit * extract(epoch FROM now() - r.rate_refilled_at));
-            v_room := least(v_room, floor(v_tokens)::integer);
-            UPDATE notifyq.tasks AS t SET rate_tokens = v_tokens, rate_refilled_at = now()
-            WHERE t.name = r.name;
-        END IF;
-        v_task_room := v_task_room || jsonb_build_object(r.name, greatest(v_room, 0));
-    END LOOP;
-
-    FOR r IN
-        SELECT q.name, q.rate_limit, q.rate_tokens, q.rate_refilled_at,
-               coalesce(q.rate_burst, greatest(q.rate_limit, 1)) AS burst
-        FROM notifyq.queues AS q
-        WHERE q.rate_limit IS NOT NULL AND NOT q.paused
-          AND (p_queues IS NULL OR q.name = ANY(p_queues))
-        ORDER BY q.name
-        FOR UPDATE
-    LOOP
-        v_tokens := least(r.burst, r.rate_tokens
-                          + r.rate_limit * extract(epoch FROM now() - r.rate_refilled_at));
-        UPDATE notifyq.queues AS q SET rate_tokens = v_tokens, rate_refilled_at = now()
-        WHERE q.name = r.name;
-        v_queue_room := v_queue_room || jsonb_build_object(r.name, floor(v_tokens)::integer);
-    END LOOP;
-
-    IF v_task_room = '{}'::jsonb AND v_queue_room = '{}'::jsonb THEN
-        RETURN;
-    END IF;
-
-    FOR r IN
-        SELECT j.id, j.task, j.queue
-        FROM notifyq.jobs AS j
-        WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
-          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (v_task_room ? j.task OR v_queue_room ? j.queue)
-          AND j.queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
-          AND j.task NOT IN (SELECT name FROM notifyq.tasks
-                             WHERE breaker_open_until IS NOT NULL
-                                OR ((max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
-                                    AND NOT v_task_room ? name))
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT greatest(p_limit * 4, 100)
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        CONTINUE WHEN v_task_room ? r.task AND (v_task_room ->> r.task)::integer <= 0;
-        CONTINUE WHEN v_queue_room ? r.queue AND (v_queue_room ->> r.queue)::integer <= 0;
-        IF v_task_room ? r.task THEN
-            v_task_room := jsonb_set(v_task_room, ARRAY[r.task],
-                                     to_jsonb((v_task_room ->> r.task)::integer - 1));
-        END IF;
-        IF v_queue_room ? r.queue THEN
-            v_queue_room := jsonb_set(v_queue_room, ARRAY[r.queue],
-                                      to_jsonb((v_queue_room ->> r.queue)::integer - 1));
-        END IF;
-        v_ids := v_ids || r.id;
-        EXIT WHEN cardinality(v_ids) >= p_limit;
-    END LOOP;
-
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH claimed AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'processing',
-            attempt_count = j.attempt_count + 1,
-            started_at = now(),
-            finished_at = NULL,
-            worker_id = p_worker_id,
-            lease_expires_at = now() + make_interval(secs => p_lease)
-        WHERE j.id = ANY(v_ids)
-        RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count,
-                  j.max_attempts, j.created_at, j.run_at
-    ), spent_tasks AS (
-        UPDATE notifyq.tasks AS t SET rate_tokens = t.rate_tokens - c.n
-        FROM (SELECT claimed.task, count(*) AS n FROM claimed GROUP BY claimed.task) AS c
-        WHERE t.name = c.task AND t.rate_limit IS NOT NULL
-    ), spent_queues AS (
-        UPDATE notifyq.queues AS q SET rate_tokens = q.rate_tokens - c.n
-        FROM (SELECT claimed.queue, count(*) AS n FROM claimed GROUP BY claimed.queue) AS c
-        WHERE q.name = c.queue AND q.rate_limit IS NOT NULL
-    )
-    SELECT c.id, c.task, c.queue, c.payload, c.priority, c.attempt_count, c.max_attempts,
-           extract(epoch FROM c.created_at)::float8, extract(epoch FROM c.run_at)::float8
-    FROM claimed AS c;
-END;
-$$;
-
-CREATE FUNCTION notifyq.claim_limited_v2(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
-    v_room integer;
-    v_tokens double precision;
-    v_task_room jsonb := '{}'::jsonb;
-    v_queue_room jsonb := '{}'::jsonb;
-    v_ids uuid[] := '{}';
-BEGIN
-    FOR r IN
-        SELECT t.name, t.max_concurrency, t.rate_limit, t.rate_tokens, t.rate_refilled_at,
-               coalesce(t.rate_burst, greatest(t.rate_limit, 1)) AS burst
-        FROM notifyq.tasks AS t
-        WHERE t.name = ANY(p_tasks) AND t.breaker_open_until IS NULL
-          AND (t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-        ORDER BY t.name
-        FOR UPDATE
-    LOOP
-        v_room := p_limit;
-        IF r.max_concurrency IS NOT NULL THEN
-            v_room := least(v_room, r.max_concurrency - (
-                SELECT count(*) FROM notifyq.jobs AS j
-                WHERE j.status = 'processing' AND j.task = r.name
-                  AND j.lease_expires_at > now())::integer);
-        END IF;
-        IF r.rate_limit IS NOT NULL THEN
-            v_tokens := least(r.burst, r.rate_tokens
-                              + r.rate_limit * extract(epoch FROM now() - r.rate_refilled_at));
-            v_room := least(v_room, floor(v_tokens)::integer);
-            UPDATE notifyq.tasks AS t SET rate_tokens = v_tokens, rate_refilled_at = now()
-            WHERE t.name = r.name;
-        END IF;
-        v_task_room := v_task_room || jsonb_build_object(r.name, greatest(v_room, 0));
-    END LOOP;
-
-    FOR r IN
-        SELECT q.name, q.rate_limit, q.rate_tokens, q.rate_refilled_at,
-               coalesce(q.rate_burst, greatest(q.rate_limit, 1)) AS burst
-        FROM notifyq.queues AS q
-        WHERE q.rate_limit IS NOT NULL AND NOT q.paused
-          AND (p_queues IS NULL OR q.name = ANY(p_queues))
-        ORDER BY q.name
-        FOR UPDATE
-    LOOP
-        v_tokens := least(r.burst, r.rate_tokens
-                          + r.rate_limit * extract(epoch FROM now() - r.rate_refilled_at));
-        UPDATE notifyq.queues AS q SET rate_tokens = v_tokens, rate_refilled_at = now()
-        WHERE q.name = r.name;
-        v_queue_room := v_queue_room || jsonb_build_object(r.name, floor(v_tokens)::integer);
-    END LOOP;
-
-    IF v_task_room = '{}'::jsonb AND v_queue_room = '{}'::jsonb THEN
-        RETURN;
-    END IF;
-
-    FOR r IN
-        SELECT j.id, j.task, j.queue
-        FROM notifyq.jobs AS j
-        WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
-          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (v_task_room ? j.task OR v_queue_room ? j.queue)
-          AND j.queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
-          AND j.task NOT IN (SELECT name FROM notifyq.tasks
-                             WHERE breaker_open_until IS NOT NULL
-                                OR ((max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
-                                    AND NOT v_task_room ? name))
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT greatest(p_limit * 4, 100)
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        CONTINUE WHEN v_task_room ? r.task AND (v_task_room ->> r.task)::integer <= 0;
-        CONTINUE WHEN v_queue_room ? r.queue AND (v_queue_room ->> r.queue)::integer <= 0;
-        IF v_task_room ? r.task THEN
-            v_task_room := jsonb_set(v_task_room, ARRAY[r.task],
-                                     to_jsonb((v_task_room ->> r.task)::integer - 1));
-        END IF;
-        IF v_queue_room ? r.queue THEN
-            v_queue_room := jsonb_set(v_queue_room, ARRAY[r.queue],
-                                      to_jsonb((v_queue_room ->> r.queue)::integer - 1));
-        END IF;
-        v_ids := v_ids || r.id;
-        EXIT WHEN cardinality(v_ids) >= p_limit;
-    END LOOP;
-
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH claimed AS (
-        SELECT * FROM notifyq.start_jobs_v1(p_worker_id, v_ids, p_lease)
-    ), spent_tasks AS (
-        UPDATE notifyq.tasks AS t SET rate_tokens = t.rate_tokens - c.n
-        FROM (SELECT claimed.task, count(*) AS n FROM claimed GROUP BY claimed.task) AS c
-        WHERE t.name = c.task AND t.rate_limit IS NOT NULL
-    ), spent_queues AS (
-        UPDATE notifyq.queues AS q SET rate_tokens = q.rate_tokens - c.n
-        FROM (SELECT claimed.queue, count(*) AS n FROM claimed GROUP BY claimed.queue) AS c
-        WHERE q.name = c.queue AND q.rate_limit IS NOT NULL
-    )
-    SELECT * FROM claimed;
-END;
-$$;
-
-CREATE FUNCTION notifyq.claim_limited_v3(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT c.id, c.task, c.queue, c.payload, c.priority, c.attempt_count, c.max_attempts,
-           c.claims, c.created_at, c.run_at, c.dependencies
-    FROM notifyq.claim_limited_v4(p_worker_id, p_tasks, p_queues, p_limit, p_lease) AS c;
 $$;
 
 CREATE FUNCTION notifyq.claim_limited_v4(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
@@ -810,7 +494,7 @@ BEGIN
         v_room := p_limit;
         IF r.max_concurrency IS NOT NULL THEN
             v_room := least(v_room, r.max_concurrency - (
-                SELECT count(*) FROM notifyq.jobs AS j
+                SELECT count(*) FROM ONLY notifyq.jobs AS j
                 WHERE j.status = 'processing' AND j.task = r.name
                   AND j.lease_expires_at > now())::integer);
         END IF;
@@ -846,7 +530,7 @@ BEGIN
 
     FOR r IN
         SELECT j.id, j.task, j.queue
-        FROM notifyq.jobs AS j
+        FROM ONLY notifyq.jobs AS j
         WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
           AND j.task = ANY(p_tasks)
           AND (p_queues IS NULL OR j.queue = ANY(p_queues))
@@ -893,94 +577,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.claim_v1(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision, p_probe boolean) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, created_at double precision, run_at double precision)
-    LANGUAGE plpgsql
-    SET enable_sort TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET enable_seqscan TO 'off'
-    SET jit TO 'off'
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    -- PL/pgSQL caches this statement's plan for the session (a SQL function would plan it on
-    -- every call); with sorts, bitmap and sequential scans off, that plan can only walk
-    -- jobs_claim_idx, and the UPDATE can only find its rows by primary key, whatever the
-    -- statistics say (right after a TRUNCATE and a bulk insert they said "empty table", and a
-    -- sequential scan per claim cut a worker to a tenth). JIT stays off: the cost penalty of
-    -- the disabled scans on the tiny tasks and queues tables would otherwise trigger 40 ms of
-    -- compilation per claim.
-    RETURN QUERY
-    WITH picked AS (
-        SELECT j.id
-        FROM notifyq.jobs AS j
-        WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
-          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                         WHERE t.breaker_open_until IS NOT NULL))
-          AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
-                              WHERE q.paused OR q.rate_limit IS NOT NULL)
-          AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                             WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE notifyq.jobs AS j
-    SET status = 'processing',
-        attempt_count = j.attempt_count + 1,
-        started_at = now(),
-        finished_at = NULL,
-        worker_id = p_worker_id,
-        lease_expires_at = now() + make_interval(secs => p_lease)
-    WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
-    RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-              extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.run_at)::float8;
-END;
-$$;
-
-CREATE FUNCTION notifyq.claim_v2(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision, p_probe boolean) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_sort TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET enable_seqscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    v_ids uuid[];
-BEGIN
-    v_ids := ARRAY(
-        SELECT j.id
-        FROM notifyq.jobs AS j
-        WHERE j.status = 'queued' AND j.run_at <= now() AND j.task = ANY(p_tasks)
-          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                         WHERE t.breaker_open_until IS NOT NULL))
-          AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
-                              WHERE q.paused OR q.rate_limit IS NOT NULL)
-          AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                             WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED);
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM notifyq.start_jobs_v1(p_worker_id, v_ids, p_lease);
-END;
-$$;
-
-CREATE FUNCTION notifyq.claim_v3(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision, p_probe boolean) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT c.id, c.task, c.queue, c.payload, c.priority, c.attempt_count, c.max_attempts,
-           c.claims, c.created_at, c.run_at, c.dependencies
-    FROM notifyq.claim_v4(p_worker_id, p_tasks, p_queues, p_limit, p_lease, p_probe) AS c;
-$$;
-
 CREATE FUNCTION notifyq.claim_v4(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision, p_probe boolean) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -991,51 +587,77 @@ CREATE FUNCTION notifyq.claim_v4(p_worker_id text, p_tasks text[], p_queues text
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
-DECLARE
-    v_ids uuid[];
 BEGIN
     IF p_queues IS NULL THEN
-        v_ids := ARRAY(
-            SELECT j.id
-            FROM notifyq.jobs AS j
-            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
-              AND j.task = ANY(p_tasks)
-              AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+        RETURN QUERY
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = 'processing', attempt_count = j.attempt_count + 1, claims = j.claims + 1,
+            started_at = now(), finished_at = NULL, heartbeat_at = NULL, progress = NULL,
+            worker_id = p_worker_id, lease_expires_at = now() + make_interval(secs => p_lease)
+        WHERE j.id = ANY(ARRAY(
+            SELECT c.id
+            FROM ONLY notifyq.jobs AS c
+            WHERE c.status = 'queued' AND NOT c.group_blocked AND c.run_at <= now()
+              AND c.task = ANY(p_tasks)
+              AND (p_probe OR c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
                                              WHERE t.breaker_open_until IS NOT NULL))
-              AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+              AND c.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
                                   WHERE q.paused OR q.rate_limit IS NOT NULL)
-              AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+              AND c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
                                  WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-            ORDER BY j.priority DESC, j.run_at, j.id
+            ORDER BY c.priority DESC, c.run_at, c.id
             LIMIT p_limit
-            FOR NO KEY UPDATE SKIP LOCKED);
+            FOR NO KEY UPDATE SKIP LOCKED))
+        RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
+                  j.claims, date_part('epoch', j.created_at), date_part('epoch', j.run_at),
+                  CASE WHEN cardinality(j.depends_on) > 0 THEN
+                      (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs_done AS p
+                       WHERE p.id = ANY(j.depends_on))
+                  END,
+                  j.trace_context;
     ELSE
-        v_ids := ARRAY(
+        RETURN QUERY
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = 'processing', attempt_count = j.attempt_count + 1, claims = j.claims + 1,
+            started_at = now(), finished_at = NULL, heartbeat_at = NULL, progress = NULL,
+            worker_id = p_worker_id, lease_expires_at = now() + make_interval(secs => p_lease)
+        WHERE j.id = ANY(ARRAY(
             SELECT c.id
             FROM (SELECT DISTINCT s.name FROM unnest(p_queues) AS s(name)) AS served
             CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at
-                FROM notifyq.jobs AS j
-                WHERE j.queue = served.name
-                  AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
-                  AND j.task = ANY(p_tasks)
-                  AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                SELECT c.id, c.priority, c.run_at
+                FROM ONLY notifyq.jobs AS c
+                WHERE c.queue = served.name
+                  AND c.status = 'queued' AND NOT c.group_blocked AND c.run_at <= now()
+                  AND c.task = ANY(p_tasks)
+                  AND (p_probe OR c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
                                                  WHERE t.breaker_open_until IS NOT NULL))
-                  AND j.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+                  AND c.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
                                       WHERE q.paused OR q.rate_limit IS NOT NULL)
-                  AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                  AND c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
                                      WHERE t.max_concurrency IS NOT NULL
                                         OR t.rate_limit IS NOT NULL)
-                ORDER BY j.priority DESC, j.run_at, j.id
+                ORDER BY c.priority DESC, c.run_at, c.id
                 LIMIT p_limit
                 FOR NO KEY UPDATE SKIP LOCKED) AS c
             ORDER BY c.priority DESC, c.run_at, c.id
-            LIMIT p_limit);
+            LIMIT p_limit))
+        RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
+                  j.claims, date_part('epoch', j.created_at), date_part('epoch', j.run_at),
+                  CASE WHEN cardinality(j.depends_on) > 0 THEN
+                      (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs_done AS p
+                       WHERE p.id = ANY(j.depends_on))
+                  END,
+                  j.trace_context;
     END IF;
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
+    -- Watchers are told of the start (Queue.wait, GET /jobs/{id}/events); none, the usual
+    -- case, costs one look at an empty table.
+    IF FOUND AND EXISTS (SELECT 1 FROM notifyq.watched_jobs) THEN
+        PERFORM notifyq.announce_v1(ARRAY(
+            SELECT j.id FROM ONLY notifyq.jobs AS j
+            WHERE j.worker_id = p_worker_id AND j.status = 'processing'
+              AND j.started_at = now()));
     END IF;
-    RETURN QUERY SELECT * FROM notifyq.start_jobs_v3(p_worker_id, v_ids, p_lease);
 END;
 $$;
 
@@ -1044,23 +666,6 @@ CREATE FUNCTION notifyq.clock_v1() RETURNS timestamp with time zone
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT now();
-$$;
-
-CREATE FUNCTION notifyq.complete_and_claim_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[], p_tasks text[], p_queues text[], p_take integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET jit TO 'off'
-    AS $$
-BEGIN
-    RETURN QUERY
-    SELECT c.id, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
-           NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::jsonb, NULL::jsonb
-    FROM notifyq.complete_v3(p_worker_id, p_ids, p_claims, p_results) AS c(id);
-    IF p_take > 0 THEN
-        RETURN QUERY
-        SELECT * FROM notifyq.claim_v4(p_worker_id, p_tasks, p_queues, p_take, p_lease, false);
-    END IF;
-END;
 $$;
 
 CREATE FUNCTION notifyq.complete_and_claim_v2(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[], p_tasks text[], p_queues text[], p_take integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
@@ -1079,8 +684,12 @@ BEGIN
     SELECT * INTO v_done
     FROM notifyq.write_completions_v1(p_worker_id, p_ids, p_claims, p_results);
     IF v_done.ids IS NOT NULL THEN
-        SELECT array_agg(s.id), array_agg(s.queue) INTO v_woken, v_woken_queues
-        FROM notifyq.settle_v2(v_done.ids, v_done.queues, v_done.group_keys) AS s;
+        IF notifyq.anything_follows_v1(v_done.ids, v_done.group_keys) THEN
+            SELECT array_agg(s.id), array_agg(s.queue) INTO v_woken, v_woken_queues
+            FROM notifyq.settle_v2(v_done.ids, v_done.queues, v_done.group_keys) AS s;
+        ELSE
+            PERFORM notifyq.announce_v1(v_done.ids);
+        END IF;
         -- The completions written: their ids, every other column null.
         RETURN QUERY
         SELECT u, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
@@ -1094,68 +703,9 @@ BEGIN
     IF v_woken IS NOT NULL THEN
         PERFORM notifyq.notify_queues_v1(array_agg(w.queue))
         FROM unnest(v_woken, v_woken_queues) AS w(id, queue)
-        JOIN notifyq.jobs AS j ON j.id = w.id
+        JOIN ONLY notifyq.jobs AS j ON j.id = w.id
         WHERE j.status = 'queued';
     END IF;
-END;
-$$;
-
-CREATE FUNCTION notifyq.complete_v1(p_worker_id text, p_ids uuid[], p_attempts integer[], p_results jsonb[]) RETURNS SETOF uuid
-    LANGUAGE plpgsql
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-    RETURN QUERY
-    WITH done AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'completed',
-            result = d.result,
-            finished_at = now(),
-            lease_expires_at = NULL
-        FROM unnest(p_ids, p_attempts, p_results) AS d(id, attempt, result)
-        WHERE j.id = d.id AND (j.status = 'processing') IS TRUE
-          AND j.worker_id = p_worker_id
-          AND j.attempt_count = d.attempt
-        RETURNING j.id, j.task
-    ), closed AS (
-        UPDATE notifyq.tasks AS t
-        SET consecutive_failures = 0, breaker_open_until = NULL
-        WHERE t.name IN (SELECT done.task FROM done)
-          AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
-    )
-    SELECT done.id FROM done;
-END;
-$$;
-
-CREATE FUNCTION notifyq.complete_v2(p_worker_id text, p_ids uuid[], p_claims integer[], p_results jsonb[]) RETURNS SETOF uuid
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-BEGIN
-    RETURN QUERY
-    WITH done AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'completed',
-            result = d.result,
-            finished_at = now(),
-            lease_expires_at = NULL
-        FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.task
-    ), closed AS (
-        UPDATE notifyq.tasks AS t
-        SET consecutive_failures = 0, breaker_open_until = NULL
-        WHERE t.name IN (SELECT done.task FROM done)
-          AND (t.consecutive_failures > 0 OR t.breaker_open_until IS NOT NULL)
-    )
-    SELECT done.id FROM done;
 END;
 $$;
 
@@ -1171,9 +721,79 @@ BEGIN
     SELECT * INTO v_done
     FROM notifyq.write_completions_v1(p_worker_id, p_ids, p_claims, p_results);
     IF v_done.ids IS NOT NULL THEN
-        PERFORM notifyq.settle_v1(v_done.ids, v_done.queues, v_done.group_keys);
+        IF notifyq.anything_follows_v1(v_done.ids, v_done.group_keys) THEN
+            PERFORM notifyq.settle_v1(v_done.ids, v_done.queues, v_done.group_keys);
+        ELSE
+            PERFORM notifyq.announce_v1(v_done.ids);
+        END IF;
         RETURN QUERY SELECT unnest(v_done.ids);
     END IF;
+END;
+$$;
+
+CREATE FUNCTION notifyq.doom_waiting_v1(p_ids uuid[]) RETURNS SETOF uuid
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_ended record;
+BEGIN
+    WITH doomed AS (
+        SELECT c.id,
+               (SELECT p.id FROM notifyq.jobs_done AS p
+                WHERE p.id = ANY(c.depends_on) AND p.status IN ('failed', 'cancelled')
+                ORDER BY p.id LIMIT 1) AS cause
+        FROM ONLY notifyq.jobs AS c
+        WHERE c.id = ANY(p_ids) AND c.status = 'waiting' AND c.depends_on <> '{}'
+    ), cancelled AS (
+        UPDATE ONLY notifyq.jobs AS c
+        SET finished_at = now(),
+            last_error = format('cancelled: job %s, which it depends on, %s', d.cause,
+                                CASE WHEN p.status = 'failed' THEN 'failed'
+                                     ELSE 'was cancelled' END)
+        FROM doomed AS d JOIN notifyq.jobs_done AS p ON p.id = d.cause
+        WHERE c.id = d.id AND d.cause IS NOT NULL
+        RETURNING c.id, c.queue, c.group_key
+    )
+    SELECT array_agg(x.id) AS ids,
+           array_agg(x.queue) FILTER (WHERE x.group_key IS NOT NULL) AS queues,
+           array_agg(x.group_key) FILTER (WHERE x.group_key IS NOT NULL) AS keys
+    INTO v_ended FROM cancelled AS x;
+    IF v_ended.ids IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM notifyq.end_jobs_v1(v_ended.ids,
+                                array_fill('cancelled'::text, ARRAY[cardinality(v_ended.ids)]));
+    PERFORM notifyq.settle_v1(v_ended.ids, v_ended.queues, v_ended.keys);
+    RETURN QUERY SELECT unnest(v_ended.ids);
+END;
+$$;
+
+CREATE FUNCTION notifyq.end_jobs_v1(p_ids uuid[], p_statuses text[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    WITH ended AS (
+        DELETE FROM ONLY notifyq.jobs AS j
+        WHERE j.id = ANY(p_ids)
+        RETURNING j.*, p_statuses[array_position(p_ids, j.id)] AS final
+    )
+    INSERT INTO notifyq.jobs_done
+        (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+         dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
+         lease_expires_at, cancel_requested_at, claims, heartbeat_at, lost_count, depends_on,
+         workflow_id, group_key, group_seq, group_blocked, progress, trace_context, ref)
+    SELECT id, task, queue, payload, final, priority, run_at, attempt_count, max_attempts,
+           dedup_key, result, last_error, errors, created_at, started_at,
+           coalesce(finished_at, now()), worker_id, NULL, cancel_requested_at, claims,
+           heartbeat_at, lost_count, depends_on, workflow_id, group_key, group_seq, false,
+           progress, trace_context, ref
+    FROM ended;
 END;
 $$;
 
@@ -1186,120 +806,6 @@ CREATE FUNCTION notifyq.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, qu
                                             NULL, NULL) AS e;
 $$;
 
-CREATE FUNCTION notifyq.enqueue_many_v1(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_dedup_keys text[], p_max_attempts integer[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
-BEGIN
-    -- The answer comes from the input, not from joining the inserted rows back (which the
-    -- planner, with no statistics on either side, ran as a nested loop: quadratic in the batch).
-    -- Every inserted row is queued, created at now() and due at coalesce(run_at, now()).
-    RETURN QUERY
-    WITH input AS MATERIALIZED (
-        SELECT gen_random_uuid() AS id, u.ord, u.payload, u.queue, u.priority, u.run_at,
-               u.max_attempts, notifyq.resolve_task_v1(u.task, u.payload) AS task
-        FROM unnest(p_tasks, p_payloads, p_queues, p_priorities, p_run_ats, p_dedup_keys,
-                    p_max_attempts)
-             WITH ORDINALITY AS u(task, payload, queue, priority, run_at, dedup_key,
-                                  max_attempts, ord)
-        WHERE u.dedup_key IS NULL
-    ), inserted AS (
-        INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
-        SELECT i.id, i.task, coalesce(i.payload, '{}'::jsonb),
-               coalesce(i.queue, t.options ->> 'queue', 'default'),
-               coalesce(i.priority, (t.options ->> 'priority')::integer, 0),
-               coalesce(i.run_at, now()), i.max_attempts
-        FROM input AS i LEFT JOIN notifyq.tasks AS t ON t.name = i.task
-        RETURNING 1
-    )
-    SELECT input.ord::integer, input.id, false, 'queued'::text, coalesce(input.run_at, now()),
-           now()
-    FROM input
-    WHERE (SELECT count(*) FROM inserted) >= 0;
-
-    FOR r IN
-        SELECT u.*
-        FROM unnest(p_tasks, p_payloads, p_queues, p_priorities, p_run_ats, p_dedup_keys,
-                    p_max_attempts)
-             WITH ORDINALITY AS u(task, payload, queue, priority, run_at, dedup_key,
-                                  max_attempts, ord)
-        WHERE u.dedup_key IS NOT NULL
-        ORDER BY u.ord
-    LOOP
-        RETURN QUERY
-        SELECT r.ord::integer, e.job_id, e.duplicate, e.status, e.run_at, e.created_at
-        FROM notifyq.enqueue_v1(r.task, r.payload, r.queue, r.priority, r.run_at, r.dedup_key,
-                                r.max_attempts) AS e;
-    END LOOP;
-END;
-$$;
-
-CREATE FUNCTION notifyq.enqueue_many_v2(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
-    v_plain boolean := p_dedup_keys IS NULL OR array_position(p_dedup_keys, NULL) IS NOT NULL;
-BEGIN
-    -- The answer comes from the input, not from joining the inserted rows back (which the
-    -- planner, with no statistics on either side, ran as a nested loop: quadratic in the batch).
-    -- Every inserted row is queued, created at now() and due at its run_at.
-    IF v_plain THEN
-        RETURN QUERY
-        WITH input AS MATERIALIZED (
-            SELECT gen_random_uuid() AS id, u.ord, coalesce(u.payload, '{}'::jsonb) AS payload,
-                   coalesce(u.run_at, now() + make_interval(secs => coalesce(u.delay, 0)))
-                       AS run_at,
-                   u.dedup_key
-            FROM unnest(p_payloads, p_run_ats, p_delays, p_dedup_keys) WITH ORDINALITY
-                 AS u(payload, run_at, delay, dedup_key, ord)
-        ), inserted AS (
-            INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
-            SELECT i.id, d.task, i.payload, d.queue, d.priority, i.run_at, d.max_attempts
-            FROM input AS i
-            JOIN notifyq.job_defaults_v1(p_tasks, p_payloads, p_queues, p_priorities,
-                                         p_max_attempts, p_fallback) AS d ON d.ord = i.ord
-            WHERE i.dedup_key IS NULL
-            RETURNING 1
-        )
-        SELECT i.ord::integer, i.id, false, 'queued'::text, i.run_at, now()
-        FROM input AS i
-        WHERE i.dedup_key IS NULL AND (SELECT count(*) FROM inserted) >= 0;
-    END IF;
-
-    IF p_dedup_keys IS NOT NULL THEN
-        FOR r IN
-            SELECT u.*
-            FROM unnest(p_tasks, p_payloads, p_queues, p_priorities, p_run_ats, p_delays,
-                        p_dedup_keys, p_max_attempts) WITH ORDINALITY
-                 AS u(task, payload, queue, priority, run_at, delay, dedup_key, max_attempts, ord)
-            WHERE u.dedup_key IS NOT NULL
-            ORDER BY u.ord
-        LOOP
-            RETURN QUERY
-            SELECT r.ord::integer, e.job_id, e.duplicate, e.status, e.run_at, e.created_at
-            FROM notifyq.enqueue_v2(r.task, r.payload, r.queue, r.priority, r.run_at, r.delay,
-                                    r.dedup_key, r.max_attempts, p_fallback) AS e;
-        END LOOP;
-    END IF;
-END;
-$$;
-
-CREATE FUNCTION notifyq.enqueue_many_v3(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE sql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT * FROM notifyq.enqueue_many_v4(p_tasks, p_payloads, p_queues, p_priorities,
-                                          p_run_ats, p_delays, p_dedup_keys, p_max_attempts,
-                                          p_fallback, p_depends_on, p_group_keys,
-                                          p_workflow_ids, p_ids, NULL);
-$$;
-
 CREATE FUNCTION notifyq.enqueue_many_v4(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1310,8 +816,8 @@ DECLARE
     v_row_by_row boolean := EXISTS (SELECT 1 FROM unnest(p_dedup_keys) AS k WHERE k IS NOT NULL)
                             AND EXISTS (SELECT 1 FROM unnest(p_group_keys) AS k
                                         WHERE k IS NOT NULL);
+    v_set record;
 BEGIN
-    RETURN QUERY
     WITH input AS MATERIALIZED (
         SELECT u.ord, coalesce(u.id, notifyq.uuid_v7()) AS id,
                coalesce(u.payload, '{}'::jsonb) AS payload,
@@ -1334,8 +840,24 @@ BEGIN
         ORDER BY i.ord
         RETURNING id, status, created_at
     )
-    SELECT i.ord::integer, i.id, false, x.status, i.run_at, x.created_at
+    SELECT array_agg(i.ord::integer) AS ords, array_agg(i.id) AS ids,
+           array_agg(x.status) AS statuses, array_agg(i.run_at) AS run_ats,
+           array_agg(x.created_at) AS created,
+           array_agg(i.id) FILTER (WHERE x.status = 'waiting') AS waiting
+    INTO v_set
     FROM input AS i JOIN inserted AS x ON x.id = i.id;
+    IF v_set.waiting IS NOT NULL THEN
+        -- Jobs whose parent had ended are cancelled now, and those of this batch that depend
+        -- on them after them: their statuses are read back.
+        PERFORM notifyq.doom_waiting_v1(v_set.waiting);
+    END IF;
+    RETURN QUERY
+    SELECT u.ord, u.id, false,
+           CASE WHEN v_set.waiting IS NULL THEN u.status
+                ELSE (SELECT j.status FROM notifyq.jobs AS j WHERE j.id = u.id) END,
+           u.run_at, u.created_at
+    FROM unnest(v_set.ords, v_set.ids, v_set.statuses, v_set.run_ats, v_set.created)
+         AS u(ord, id, status, run_at, created_at);
 
     IF p_dedup_keys IS NOT NULL THEN
         FOR r IN
@@ -1388,25 +910,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.enqueue_tick_v1(p_task text, p_tick timestamp with time zone, p_payload jsonb) RETURNS uuid
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    v_job_id uuid;
-BEGIN
-    INSERT INTO notifyq.periodic_ticks (name, tick) VALUES (p_task, p_tick)
-    ON CONFLICT DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    SELECT e.job_id INTO v_job_id
-    FROM notifyq.enqueue_v1(p_task, p_payload, NULL, NULL, p_tick, NULL, NULL) AS e;
-    UPDATE notifyq.periodic_ticks SET job_id = v_job_id WHERE name = p_task AND tick = p_tick;
-    RETURN v_job_id;
-END;
-$$;
-
 CREATE FUNCTION notifyq.enqueue_tick_v2(p_task text, p_tick timestamp with time zone, p_payload jsonb) RETURNS uuid
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1425,23 +928,6 @@ BEGIN
     UPDATE notifyq.periodic_ticks SET job_id = v_job_id WHERE name = p_task AND tick = p_tick;
     RETURN v_job_id;
 END;
-$$;
-
-CREATE FUNCTION notifyq.enqueue_v1(p_task text, p_payload jsonb, p_queue text, p_priority integer, p_run_at timestamp with time zone, p_dedup_key text, p_max_attempts integer) RETURNS TABLE(job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT * FROM notifyq.enqueue_v3(p_task, p_payload, p_queue, p_priority, p_run_at, NULL,
-                                     p_dedup_key, p_max_attempts, NULL, NULL, NULL, NULL, NULL);
-$$;
-
-CREATE FUNCTION notifyq.enqueue_v2(p_task text, p_payload jsonb, p_queue text, p_priority integer, p_run_at timestamp with time zone, p_delay double precision, p_dedup_key text, p_max_attempts integer, p_fallback integer) RETURNS TABLE(job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE sql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT * FROM notifyq.enqueue_v3(p_task, p_payload, p_queue, p_priority, p_run_at, p_delay,
-                                     p_dedup_key, p_max_attempts, p_fallback, NULL, NULL, NULL,
-                                     NULL);
 $$;
 
 CREATE FUNCTION notifyq.enqueue_v3(p_task text, p_payload jsonb, p_queue text, p_priority integer, p_run_at timestamp with time zone, p_delay double precision, p_dedup_key text, p_max_attempts integer, p_fallback integer, p_depends_on uuid[], p_group_key text, p_workflow_id uuid, p_id uuid) RETURNS TABLE(job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
@@ -1510,111 +996,13 @@ BEGIN
         END IF;
         PERFORM notifyq.announce_v1(ARRAY[v_job.id]);
     END IF;
+    IF v_job.id = v_new_id AND v_job.status = 'waiting'
+       AND EXISTS (SELECT 1 FROM notifyq.doom_waiting_v1(ARRAY[v_new_id])) THEN
+        -- A parent had failed or was cancelled: it ended at once, cancelled.
+        v_job.status := 'cancelled';
+    END IF;
     RETURN QUERY SELECT v_job.id, v_job.id <> v_new_id, v_job.status, v_job.run_at,
                         v_job.created_at;
-END;
-$$;
-
-CREATE FUNCTION notifyq.fail_v1(p_worker_id text, p_ids uuid[], p_attempts integer[], p_errors text[], p_retryable boolean[], p_delays double precision[]) RETURNS TABLE(id uuid, status text)
-    LANGUAGE plpgsql
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH d AS (
-        SELECT d.*,
-               j.attempt_count < j.max_attempts AND d.retryable
-                   AND j.cancel_requested_at IS NULL AS wants_retry,
-               notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-        FROM unnest(p_ids, p_attempts, p_errors, p_retryable, p_delays)
-             AS d(id, attempt, error, retryable, delay)
-        JOIN notifyq.jobs AS j ON j.id = d.id
-    ), failed AS (
-        UPDATE notifyq.jobs AS j
-        SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
-            run_at = CASE WHEN d.wants_retry AND d.newer IS NULL
-                          THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-            finished_at = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE now() END,
-            worker_id = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE j.worker_id END,
-            lease_expires_at = NULL,
-            last_error = CASE WHEN d.wants_retry AND d.newer IS NOT NULL
-                              THEN d.error || format(E'\nnot retried: job %s with the same '
-                                                     'dedup_key is queued and replaces it',
-                                                     d.newer)
-                              ELSE d.error END,
-            errors = notifyq.append_error_v1(j.errors, d.attempt, d.error, j.worker_id)
-        FROM d
-        WHERE j.id = d.id AND (j.status = 'processing') IS TRUE
-          AND j.worker_id = p_worker_id
-          AND j.attempt_count = d.attempt
-        RETURNING j.id, j.status, j.task, d.retryable
-    ), counted AS (
-        UPDATE notifyq.tasks AS t
-        SET consecutive_failures = t.consecutive_failures + f.n,
-            breaker_open_until = CASE
-                WHEN t.consecutive_failures + f.n >= t.breaker_threshold
-                THEN now() + make_interval(secs => t.breaker_cooldown)
-                ELSE t.breaker_open_until END
-        FROM (SELECT failed.task, count(*) AS n FROM failed WHERE failed.retryable
-              GROUP BY failed.task) AS f
-        WHERE t.name = f.task AND t.breaker_threshold IS NOT NULL
-    )
-    SELECT failed.id, failed.status FROM failed;
-END;
-$$;
-
-CREATE FUNCTION notifyq.fail_v2(p_worker_id text, p_ids uuid[], p_claims integer[], p_errors text[], p_retryable boolean[], p_delays double precision[]) RETURNS TABLE(id uuid, status text)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH d AS (
-        SELECT d.*,
-               j.attempt_count < j.max_attempts AND d.retryable
-                   AND j.cancel_requested_at IS NULL AS wants_retry,
-               notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-        FROM unnest(p_ids, p_claims, p_errors, p_retryable, p_delays)
-             AS d(id, claim, error, retryable, delay)
-        JOIN notifyq.jobs AS j ON j.id = d.id
-    ), failed AS (
-        UPDATE notifyq.jobs AS j
-        SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
-            run_at = CASE WHEN d.wants_retry AND d.newer IS NULL
-                          THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-            finished_at = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE now() END,
-            worker_id = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE j.worker_id END,
-            lease_expires_at = NULL,
-            last_error = CASE WHEN d.wants_retry AND d.newer IS NOT NULL
-                              THEN d.error || format(E'\nnot retried: job %s with the same '
-                                                     'dedup_key is queued and replaces it',
-                                                     d.newer)
-                              ELSE d.error END,
-            errors = notifyq.append_error_v1(j.errors, j.attempt_count, d.error, j.worker_id)
-        FROM d
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.status, j.task, d.retryable
-    ), counted AS (
-        UPDATE notifyq.tasks AS t
-        SET consecutive_failures = t.consecutive_failures + f.n,
-            breaker_open_until = CASE
-                WHEN t.consecutive_failures + f.n >= t.breaker_threshold
-                THEN now() + make_interval(secs => t.breaker_cooldown)
-                ELSE t.breaker_open_until END
-        FROM (SELECT failed.task, count(*) AS n FROM failed WHERE failed.retryable
-              GROUP BY failed.task) AS f
-        WHERE t.name = f.task AND t.breaker_threshold IS NOT NULL
-    )
-    SELECT failed.id, failed.status FROM failed;
 END;
 $$;
 
@@ -1623,6 +1011,8 @@ CREATE FUNCTION notifyq.fail_v3(p_worker_id text, p_ids uuid[], p_claims integer
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -1630,32 +1020,38 @@ CREATE FUNCTION notifyq.fail_v3(p_worker_id text, p_ids uuid[], p_claims integer
 DECLARE
     v_rows record;
 BEGIN
-    WITH d AS (
+    WITH d AS MATERIALIZED (
         SELECT d.*,
-               j.attempt_count < j.max_attempts AND d.retryable
-                   AND j.cancel_requested_at IS NULL AS wants_retry,
-               notifyq.pending_duplicate_v1(j.queue, j.dedup_key) AS newer
+               CASE WHEN j.attempt_count < j.max_attempts AND d.retryable
+                         AND j.cancel_requested_at IS NULL
+                         AND notifyq.pending_duplicate_v1(j.queue, j.dedup_key) IS NULL
+                    THEN 'queued' ELSE 'failed' END AS next,
+               CASE WHEN j.attempt_count < j.max_attempts AND d.retryable
+                         AND j.cancel_requested_at IS NULL
+                    THEN notifyq.pending_duplicate_v1(j.queue, j.dedup_key) END AS newer
         FROM unnest(p_ids, p_claims, p_errors, p_retryable, p_delays)
              AS d(id, claim, error, retryable, delay)
-        JOIN notifyq.jobs AS j ON j.id = d.id
+        JOIN ONLY notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(p_ids)
     ), failed AS (
-        UPDATE notifyq.jobs AS j
-        SET status = CASE WHEN d.wants_retry AND d.newer IS NULL THEN 'queued' ELSE 'failed' END,
-            run_at = CASE WHEN d.wants_retry AND d.newer IS NULL
+        UPDATE ONLY notifyq.jobs AS j
+        -- A job that ends keeps its status until it moves, below: queued, it could meet a
+        -- newer duplicate in the unique index of pending dedup keys.
+        SET status = CASE WHEN d.next = 'queued' THEN 'queued' ELSE j.status END,
+            run_at = CASE WHEN d.next = 'queued'
                           THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-            finished_at = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE now() END,
-            worker_id = CASE WHEN d.wants_retry AND d.newer IS NULL THEN NULL ELSE j.worker_id END,
+            finished_at = CASE WHEN d.next = 'queued' THEN NULL ELSE now() END,
+            worker_id = CASE WHEN d.next = 'queued' THEN NULL ELSE j.worker_id END,
             lease_expires_at = NULL,
-            last_error = CASE WHEN d.wants_retry AND d.newer IS NOT NULL
+            last_error = CASE WHEN d.newer IS NOT NULL
                               THEN d.error || format(E'\nnot retried: job %s with the same '
                                                      'dedup_key is queued and replaces it',
                                                      d.newer)
                               ELSE d.error END,
             errors = notifyq.append_error_v1(j.errors, j.attempt_count, d.error, j.worker_id)
         FROM d
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.status, j.task, d.retryable, j.queue, j.group_key
+        WHERE j.id = ANY(p_ids) AND j.id = d.id
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
+        RETURNING j.id, d.next AS status, j.task, d.retryable, j.queue, j.group_key
     ), counted AS (
         UPDATE notifyq.tasks AS t
         SET consecutive_failures = t.consecutive_failures + f.n,
@@ -1676,6 +1072,9 @@ BEGIN
            array_agg(failed.id) AS ids, array_agg(failed.status) AS statuses
     INTO v_rows FROM failed;
     IF v_rows.ended IS NOT NULL THEN
+        -- Written above as queued with the failure's values; they move, failed.
+        PERFORM notifyq.end_jobs_v1(v_rows.ended,
+                                    array_fill('failed'::text, ARRAY[cardinality(v_rows.ended)]));
         PERFORM notifyq.settle_v1(v_rows.ended, v_rows.queues, v_rows.group_keys);
     END IF;
     IF v_rows.again IS NOT NULL THEN
@@ -1699,47 +1098,21 @@ BEGIN
     INTO v_rows
     FROM notifyq.fail_v3(p_worker_id, p_ids, p_claims, p_errors, p_retryable, p_delays) AS f;
     IF v_rows.again IS NOT NULL THEN
-        PERFORM notifyq.notify_queues_v1(ARRAY(SELECT DISTINCT j.queue FROM notifyq.jobs AS j
+        PERFORM notifyq.notify_queues_v1(ARRAY(SELECT DISTINCT j.queue FROM ONLY notifyq.jobs AS j
                                                WHERE j.id = ANY(v_rows.again)));
     END IF;
     RETURN QUERY SELECT * FROM unnest(v_rows.ids, v_rows.statuses);
 END;
 $$;
 
-CREATE FUNCTION notifyq.fill_defaults_v1() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    v_task record;
-BEGIN
-    SELECT t.options ->> 'queue' AS queue, t.options ->> 'priority' AS priority, t.max_attempts
-    INTO v_task
-    FROM notifyq.tasks AS t WHERE t.name = NEW.task;
-    NEW.queue := coalesce(NEW.queue, v_task.queue, 'default');
-    NEW.priority := coalesce(NEW.priority, v_task.priority::integer, 0);
-    IF NEW.max_attempts IS NULL THEN
-        NEW.max_attempts := coalesce(
-            v_task.max_attempts,
-            (SELECT s.value::integer FROM notifyq.settings AS s WHERE s.key = 'max_attempts'),
-            3);
-    END IF;
-    RETURN NEW;
-END;
-$$;
-
-CREATE FUNCTION notifyq.fill_defaults_v2() RETURNS trigger
+CREATE FUNCTION notifyq.fill_defaults_v3() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    -- Which statement and task the kept defaults are of. txid_current() is assigned already:
-    -- this row is being inserted.
-    v_key pg_catalog.text := pg_catalog.concat_ws(
-        ' ', pg_catalog.txid_current(), pg_catalog.statement_timestamp(), NEW.task);
 BEGIN
-    IF (pg_catalog.current_setting('notifyq.defaults_of', true) OPERATOR(pg_catalog.=) v_key)
-       IS NOT TRUE THEN
-        PERFORM notifyq.keep_task_defaults_v1(NEW.task, v_key);
+    -- Kept as '=' and the task: the empty text, the mark of none kept, is no task's.
+    IF (pg_catalog.current_setting('notifyq.defaults_task', true)
+        OPERATOR(pg_catalog.=) ('=' OPERATOR(pg_catalog.||) NEW.task)) IS NOT TRUE THEN
+        PERFORM notifyq.keep_task_defaults_v2(NEW.task);
     END IF;
     NEW.queue := coalesce(NEW.queue, pg_catalog.current_setting('notifyq.defaults_queue'));
     NEW.priority := coalesce(
@@ -1748,6 +1121,15 @@ BEGIN
         NEW.max_attempts,
         pg_catalog.current_setting('notifyq.defaults_max_attempts')::pg_catalog.int4);
     RETURN NEW;
+END;
+$$;
+
+CREATE FUNCTION notifyq.forget_defaults_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('notifyq.defaults_task', '', true);
+    RETURN NULL;
 END;
 $$;
 
@@ -1788,7 +1170,7 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.keep_task_defaults_v1(p_task text, p_key text) RETURNS void
+CREATE FUNCTION notifyq.keep_task_defaults_v2(p_task text) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1809,7 +1191,7 @@ BEGIN
     PERFORM set_config('notifyq.defaults_queue', v_task.queue, true),
             set_config('notifyq.defaults_priority', v_task.priority::text, true),
             set_config('notifyq.defaults_max_attempts', v_task.max_attempts::text, true),
-            set_config('notifyq.defaults_of', p_key, true);
+            set_config('notifyq.defaults_task', '=' || p_task, true);
 END;
 $$;
 
@@ -1919,27 +1301,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.next_due_v1(p_tasks text[], p_queues text[]) RETURNS double precision
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT extract(epoch FROM min(j.run_at) - now())::float8
-    FROM notifyq.jobs AS j
-    WHERE j.status = 'queued' AND j.run_at > now() AND j.task = ANY(p_tasks)
-      AND (p_queues IS NULL OR j.queue = ANY(p_queues));
-$$;
-
-CREATE FUNCTION notifyq.next_due_v2(p_tasks text[], p_queues text[]) RETURNS double precision
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT extract(epoch FROM min(j.run_at) - now())::float8
-    FROM notifyq.jobs AS j
-    WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at > now()
-      AND j.task = ANY(p_tasks)
-      AND (p_queues IS NULL OR j.queue = ANY(p_queues));
-$$;
-
 CREATE FUNCTION notifyq.next_due_v3(p_tasks text[], p_queues text[]) RETURNS double precision
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1947,35 +1308,11 @@ CREATE FUNCTION notifyq.next_due_v3(p_tasks text[], p_queues text[]) RETURNS dou
     AS $$
 BEGIN
     RETURN (SELECT extract(epoch FROM min(j.run_at) - now())::float8
-            FROM notifyq.jobs AS j
-            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at > now()
+            FROM ONLY notifyq.jobs AS j
+            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at > j.created_at
+              AND j.run_at > now()
               AND j.task = ANY(p_tasks)
               AND (p_queues IS NULL OR j.queue = ANY(p_queues)));
-END;
-$$;
-
-CREATE FUNCTION notifyq.notify_inserted_v1() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    v_queues text[];
-BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1852899330);
-    -- The common case under load: every worker is busy. Measured with 8 clients of single-row
-    -- inserts, this early exit costs 2% where the full check below cost 40%.
-    IF NOT EXISTS (SELECT 1 FROM notifyq.waiting_workers WHERE expires_at > now()) THEN
-        RETURN NULL;
-    END IF;
-    SELECT array_agg(q) INTO v_queues
-    FROM (SELECT DISTINCT queue AS q FROM inserted) AS s
-    WHERE EXISTS (SELECT 1 FROM notifyq.waiting_workers AS w
-                  WHERE w.expires_at > now() AND (w.queues IS NULL OR s.q = ANY(w.queues)))
-      AND NOT EXISTS (SELECT 1 FROM notifyq.queues AS x WHERE x.name = s.q AND NOT x.notify);
-    IF v_queues IS NOT NULL THEN
-        PERFORM notifyq.wake_v1(v_queues);
-    END IF;
-    RETURN NULL;
 END;
 $$;
 
@@ -2022,7 +1359,7 @@ CREATE FUNCTION notifyq.pending_duplicate_v1(p_queue text, p_dedup_key text) RET
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT id FROM notifyq.jobs
+    SELECT id FROM ONLY notifyq.jobs
     WHERE p_dedup_key IS NOT NULL AND queue = p_queue AND dedup_key = p_dedup_key
       AND status IN ('waiting', 'queued');
 $$;
@@ -2032,17 +1369,20 @@ CREATE FUNCTION notifyq.progress_v1(p_worker_id text, p_ids uuid[], p_claims int
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 DECLARE
     v_ids uuid[];
 BEGIN
     WITH reported AS (
-        UPDATE notifyq.jobs AS j
-        SET progress = jsonb_build_object('fraction', d.fraction, 'message', d.message)
-        FROM unnest(p_ids, p_claims, p_fractions, p_messages) AS d(id, claim, fraction, message)
-        WHERE j.id = d.id
-          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
+        UPDATE ONLY notifyq.jobs AS j
+        SET progress = jsonb_build_object('fraction', p_fractions[array_position(p_ids, j.id)],
+                                          'message', p_messages[array_position(p_ids, j.id)])
+        WHERE j.id = ANY(p_ids)
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                               p_claims[array_position(p_ids, j.id)])
         RETURNING j.id
     )
     SELECT array_agg(x.id) INTO v_ids FROM reported AS x;
@@ -2070,25 +1410,6 @@ CREATE FUNCTION notifyq.prune_ticks_v1() RETURNS void
     DELETE FROM notifyq.periodic_ticks WHERE tick < now() - interval '7 days';
 $$;
 
-CREATE FUNCTION notifyq.prune_v1(p_status text, p_keep double precision, p_limit integer) RETURNS integer
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    v_deleted integer;
-BEGIN
-    DELETE FROM notifyq.jobs
-    WHERE id IN (SELECT j.id FROM notifyq.jobs AS j
-                 WHERE j.status = p_status
-                   AND j.finished_at < now() - make_interval(secs => p_keep)
-                 ORDER BY j.finished_at
-                 LIMIT p_limit
-                 FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    RETURN v_deleted;
-END;
-$$;
-
 CREATE FUNCTION notifyq.prune_v2(p_status text, p_keep double precision, p_limit integer) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2096,11 +1417,11 @@ CREATE FUNCTION notifyq.prune_v2(p_status text, p_keep double precision, p_limit
 DECLARE
     v_deleted integer;
 BEGIN
-    DELETE FROM notifyq.jobs
-    WHERE id IN (SELECT j.id FROM notifyq.jobs AS j
+    DELETE FROM notifyq.jobs_done
+    WHERE id IN (SELECT j.id FROM notifyq.jobs_done AS j
                  WHERE j.status = p_status
                    AND j.finished_at < now() - make_interval(secs => p_keep)
-                   AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS c
+                   AND NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS c
                                    WHERE c.status IN ('waiting', 'queued')
                                      AND c.depends_on <> '{}' AND c.depends_on @> ARRAY[j.id])
                  ORDER BY j.finished_at
@@ -2111,22 +1432,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.prune_waiting_v1() RETURNS void
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    DELETE FROM notifyq.waiting_workers WHERE expires_at < now();
-$$;
-
-CREATE FUNCTION notifyq.queued_duplicate_v1(p_queue text, p_dedup_key text) RETURNS uuid
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT id FROM notifyq.jobs
-    WHERE p_dedup_key IS NOT NULL AND queue = p_queue AND dedup_key = p_dedup_key
-      AND status = 'queued';
-$$;
-
 CREATE FUNCTION notifyq.recheck_waiting_v1() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2135,32 +1440,23 @@ DECLARE
     v_parents record;
     v_child record;
 BEGIN
-    SELECT count(*) AS found,
-           count(*) FILTER (WHERE p.status = 'completed') AS completed,
-           (array_agg(p.id ORDER BY p.id)
-                FILTER (WHERE p.status IN ('failed', 'cancelled')))[1] AS ended,
-           (array_agg(p.status ORDER BY p.id)
-                FILTER (WHERE p.status IN ('failed', 'cancelled')))[1] AS ended_status,
-           array_agg(DISTINCT p.queue) FILTER (WHERE p.status = 'queued'
-                                               AND NOT p.group_blocked) AS queued
-    INTO v_parents
-    FROM (SELECT j.id, j.status, j.queue, j.group_blocked FROM notifyq.jobs AS j
-          WHERE j.id = ANY(NEW.depends_on) ORDER BY j.id FOR SHARE) AS p;
+    FOR v_try IN 1..2 LOOP
+        SELECT count(*) AS found,
+               count(*) FILTER (WHERE p.status = 'completed') AS completed,
+               (array_agg(p.id ORDER BY p.id)
+                    FILTER (WHERE p.status IN ('failed', 'cancelled')))[1] AS ended,
+               array_agg(DISTINCT p.queue) FILTER (WHERE p.status = 'queued'
+                                                   AND NOT p.group_blocked) AS queued
+        INTO v_parents
+        FROM (SELECT j.id, j.status, j.queue, j.group_blocked FROM notifyq.jobs AS j
+              WHERE j.id = ANY(NEW.depends_on) ORDER BY j.id FOR SHARE) AS p;
+        EXIT WHEN v_parents.found = cardinality(NEW.depends_on);
+    END LOOP;
     PERFORM notifyq.notify_queues_v1(v_parents.queued);
     IF v_parents.ended IS NOT NULL THEN
-        UPDATE notifyq.jobs AS j
-        SET status = 'cancelled', finished_at = now(),
-            last_error = format('cancelled: job %s, which it depends on, %s', v_parents.ended,
-                                CASE WHEN v_parents.ended_status = 'failed' THEN 'failed'
-                                     ELSE 'was cancelled' END)
-        WHERE j.id = NEW.id AND j.status = 'waiting'
-        RETURNING j.queue, j.group_key INTO v_child;
-        IF FOUND THEN
-            PERFORM notifyq.settle_v1(ARRAY[NEW.id], ARRAY[v_child.queue],
-                                      ARRAY[v_child.group_key]);
-        END IF;
+        PERFORM notifyq.doom_waiting_v1(ARRAY[NEW.id]);
     ELSIF v_parents.completed = v_parents.found THEN
-        UPDATE notifyq.jobs AS j SET status = 'queued'
+        UPDATE ONLY notifyq.jobs AS j SET status = 'queued'
         WHERE j.id = NEW.id AND j.status = 'waiting'
         RETURNING j.queue, j.group_blocked INTO v_child;
         IF FOUND THEN
@@ -2192,6 +1488,59 @@ CREATE FUNCTION notifyq.refresh_watches_v1(p_watcher text, p_ids uuid[], p_ttl d
     ON CONFLICT (job_id, watcher) DO UPDATE SET expires_at = EXCLUDED.expires_at;
 $$;
 
+CREATE FUNCTION notifyq.refuse_row_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT length(NEW.task) BETWEEN 1 AND 200 THEN 'task must be 1 to 200 characters'
+        WHEN NOT length(NEW.queue) BETWEEN 1 AND 200 THEN 'queue must be 1 to 200 characters'
+        WHEN jsonb_typeof(NEW.payload) <> 'object' THEN 'payload must be a JSON object'
+        WHEN NEW.status NOT IN ('waiting', 'queued', 'processing', 'completed', 'failed',
+                                'cancelled')
+            THEN format('status %L is not a status', NEW.status)
+        WHEN NEW.attempt_count < 0 THEN 'attempt_count must not be negative'
+        WHEN NEW.max_attempts < 1 THEN 'max_attempts must be at least 1'
+        WHEN NEW.claims < 0 THEN 'claims must not be negative'
+        WHEN NEW.lost_count < 0 THEN 'lost_count must not be negative'
+        WHEN cardinality(NEW.depends_on) > 1000 THEN 'a job depends on 1000 jobs at most'
+        WHEN NOT length(NEW.group_key) BETWEEN 1 AND 512
+            THEN 'group_key must be 1 to 512 characters'
+        WHEN jsonb_typeof(NEW.progress) <> 'object' THEN 'progress must be a JSON object'
+        WHEN NEW.trace_context IS NOT NULL
+             AND NOT (jsonb_typeof(NEW.trace_context) = 'object'
+                      AND octet_length(NEW.trace_context::text) <= 1024)
+            THEN 'trace_context must be a JSON object of 1024 bytes at most'
+        WHEN NEW.ref IS NOT NULL
+             AND NOT (NEW.workflow_id IS NOT NULL AND char_length(NEW.ref) BETWEEN 1 AND 200)
+            THEN 'ref must be 1 to 200 characters, on a job of a workflow'
+        ELSE 'its times must be finite, between the years 1900 and 9998'
+    END;
+    RAISE EXCEPTION 'notifyq.jobs: job %: %', NEW.id, v_broken
+        USING ERRCODE = 'check_violation';
+END;
+$$;
+
+CREATE FUNCTION notifyq.refuse_status_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'notifyq.jobs: job % cannot become % by an UPDATE', NEW.id, NEW.status
+        USING ERRCODE = 'check_violation',
+              HINT = CASE WHEN NEW.status IN ('completed', 'failed', 'cancelled')
+                          THEN 'Cancel it with `notifyq cancel ID` or POST /jobs/{id}/cancel: '
+                               'its dependents and its group follow. Live jobs are in '
+                               'notifyq.jobs, finished ones in notifyq.jobs_done.'
+                          ELSE 'Retry it with `notifyq retry ID` or POST /jobs/{id}/retry. '
+                               'Live jobs are in notifyq.jobs, finished ones in '
+                               'notifyq.jobs_done.' END;
+END;
+$$;
+
 CREATE FUNCTION notifyq.register_task_v1(p_name text, p_max_attempts integer, p_options jsonb, p_breaker_threshold integer, p_breaker_cooldown double precision, p_max_concurrency integer, p_rate_limit double precision, p_rate_burst double precision) RETURNS void
     LANGUAGE sql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2210,84 +1559,45 @@ CREATE FUNCTION notifyq.register_task_v1(p_name text, p_max_attempts integer, p_
         updated_at = now();
 $$;
 
-CREATE FUNCTION notifyq.release_v2(p_worker_id text, p_ids uuid[], p_claims integer[]) RETURNS SETOF uuid
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-BEGIN
-    RETURN QUERY
-    WITH d AS (
-        SELECT d.*,
-               notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-        FROM unnest(p_ids, p_claims) AS d(id, claim)
-        JOIN notifyq.jobs AS j ON j.id = d.id
-    ), released AS (
-        UPDATE notifyq.jobs AS j
-        SET status = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
-                          THEN 'queued' ELSE 'cancelled' END,
-            attempt_count = j.attempt_count - 1,
-            run_at = now(),
-            finished_at = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
-                               THEN NULL ELSE now() END,
-            worker_id = NULL,
-            lease_expires_at = NULL,
-            last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
-                              THEN 'cancelled while running (its worker was stopping)'
-                              WHEN d.newer IS NOT NULL
-                              THEN format('interrupted by a stopping worker; not requeued: job %s '
-                                          'with the same dedup_key is queued', d.newer)
-                              ELSE j.last_error END
-        FROM d
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.queue, j.status
-    ), woken AS (
-        SELECT notifyq.wake_v1(array_agg(DISTINCT r.queue)) FROM released AS r
-        WHERE r.status = 'queued'
-    )
-    SELECT r.id FROM released AS r WHERE (SELECT count(*) FROM woken) >= 0;
-END;
-$$;
-
 CREATE FUNCTION notifyq.release_v3(p_worker_id text, p_ids uuid[], p_claims integer[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_rows record;
 BEGIN
-    WITH d AS (
+    WITH d AS MATERIALIZED (
         SELECT d.*,
-               notifyq.pending_duplicate_v1(j.queue, j.dedup_key) AS newer
+               notifyq.pending_duplicate_v1(j.queue, j.dedup_key) AS newer,
+               j.cancel_requested_at IS NOT NULL AS asked
         FROM unnest(p_ids, p_claims) AS d(id, claim)
-        JOIN notifyq.jobs AS j ON j.id = d.id
+        JOIN ONLY notifyq.jobs AS j ON j.id = d.id AND j.id = ANY(p_ids)
     ), released AS (
-        UPDATE notifyq.jobs AS j
-        SET status = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
-                          THEN 'queued' ELSE 'cancelled' END,
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = CASE WHEN d.newer IS NULL AND NOT d.asked THEN 'queued' ELSE j.status END,
             attempt_count = j.attempt_count - 1,
             run_at = now(),
-            finished_at = CASE WHEN d.newer IS NULL AND j.cancel_requested_at IS NULL
-                               THEN NULL ELSE now() END,
+            finished_at = CASE WHEN d.newer IS NULL AND NOT d.asked THEN NULL ELSE now() END,
             worker_id = NULL,
             lease_expires_at = NULL,
-            last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
+            last_error = CASE WHEN d.asked
                               THEN 'cancelled while running (its worker was stopping)'
                               WHEN d.newer IS NOT NULL
                               THEN format('interrupted by a stopping worker; not requeued: job %s '
                                           'with the same dedup_key is queued', d.newer)
                               ELSE j.last_error END
         FROM d
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.queue, j.status, j.group_key
+        WHERE j.id = ANY(p_ids) AND j.id = d.id
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
+        RETURNING j.id, j.queue, j.group_key,
+                  CASE WHEN d.newer IS NULL AND NOT d.asked THEN 'queued'
+                       ELSE 'cancelled' END AS status
     )
     SELECT array_agg(r.id) AS ids,
            array_agg(r.id) FILTER (WHERE r.status = 'cancelled') AS ended,
@@ -2303,72 +1613,12 @@ BEGIN
         PERFORM notifyq.announce_v1(v_rows.again);
     END IF;
     IF v_rows.ended IS NOT NULL THEN
+        PERFORM notifyq.end_jobs_v1(v_rows.ended,
+                                    array_fill('cancelled'::text,
+                                               ARRAY[cardinality(v_rows.ended)]));
         PERFORM notifyq.settle_v1(v_rows.ended, v_rows.ended_queues, v_rows.ended_keys);
     END IF;
     RETURN QUERY SELECT unnest(v_rows.ids);
-END;
-$$;
-
-CREATE FUNCTION notifyq.rescue_v2(p_limit integer) RETURNS TABLE(id uuid, status text, counted boolean)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET jit TO 'off'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH expired AS (
-        SELECT j.id,
-               j.heartbeat_at IS NOT NULL OR j.lost_count >= j.max_attempts AS counted,
-               notifyq.queued_duplicate_v1(j.queue, j.dedup_key) AS newer
-        FROM notifyq.jobs AS j
-        WHERE j.status = 'processing'
-          AND (j.lease_expires_at < now() OR j.lease_expires_at IS NULL)
-        ORDER BY j.lease_expires_at NULLS FIRST
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
-    ), judged AS (
-        SELECT e.id, e.counted, e.newer,
-               CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                    WHEN e.newer IS NOT NULL THEN 'failed'
-                    WHEN e.counted AND j.attempt_count >= j.max_attempts THEN 'failed'
-                    ELSE 'queued' END AS next
-        FROM expired AS e JOIN notifyq.jobs AS j ON j.id = e.id
-    ), rescued AS (
-        UPDATE notifyq.jobs AS j
-        SET status = x.next,
-            attempt_count = CASE WHEN x.counted THEN j.attempt_count
-                                 ELSE greatest(j.attempt_count - 1, 0) END,
-            lost_count = CASE WHEN x.counted THEN j.lost_count ELSE j.lost_count + 1 END,
-            run_at = now(),
-            finished_at = CASE WHEN x.next = 'queued' THEN NULL ELSE now() END,
-            lease_expires_at = NULL,
-            worker_id = CASE WHEN x.next = 'queued' THEN NULL ELSE j.worker_id END,
-            last_error = format('lease expired: worker %s stopped renewing attempt %s of %s%s',
-                                coalesce(j.worker_id, '(none)'), j.attempt_count, j.max_attempts,
-                                CASE WHEN x.newer IS NOT NULL
-                                     THEN format('; not retried: job %s with the same dedup_key '
-                                                 'is queued', x.newer)
-                                     WHEN NOT x.counted
-                                     THEN '; its handler was never confirmed running, so the '
-                                          'attempt was not counted'
-                                     WHEN x.next = 'failed' THEN '; no attempts left'
-                                     ELSE '' END),
-            errors = notifyq.append_error_v1(
-                j.errors, j.attempt_count,
-                format('lease expired: worker %s stopped renewing the lease%s',
-                       coalesce(j.worker_id, '(none)'),
-                       CASE WHEN x.counted THEN ''
-                            ELSE ' before its handler was confirmed running (not counted)' END),
-                j.worker_id)
-        FROM judged AS x
-        WHERE j.id = x.id
-        RETURNING j.id, j.queue, j.status, x.counted
-    ), woken AS (
-        SELECT notifyq.wake_v1(array_agg(DISTINCT r.queue)) FROM rescued AS r
-        WHERE r.status = 'queued'
-    )
-    SELECT r.id, r.status, r.counted FROM rescued AS r WHERE (SELECT count(*) FROM woken) >= 0;
 END;
 $$;
 
@@ -2385,7 +1635,7 @@ BEGIN
         SELECT j.id,
                j.heartbeat_at IS NOT NULL OR j.lost_count >= j.max_attempts AS counted,
                notifyq.pending_duplicate_v1(j.queue, j.dedup_key) AS newer
-        FROM notifyq.jobs AS j
+        FROM ONLY notifyq.jobs AS j
         WHERE j.status = 'processing'
           AND (j.lease_expires_at < now() OR j.lease_expires_at IS NULL)
         ORDER BY j.lease_expires_at NULLS FIRST
@@ -2397,10 +1647,10 @@ BEGIN
                     WHEN e.newer IS NOT NULL THEN 'failed'
                     WHEN e.counted AND j.attempt_count >= j.max_attempts THEN 'failed'
                     ELSE 'queued' END AS next
-        FROM expired AS e JOIN notifyq.jobs AS j ON j.id = e.id
+        FROM expired AS e JOIN ONLY notifyq.jobs AS j ON j.id = e.id
     ), rescued AS (
-        UPDATE notifyq.jobs AS j
-        SET status = x.next,
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = CASE WHEN x.next = 'queued' THEN 'queued' ELSE j.status END,
             attempt_count = CASE WHEN x.counted THEN j.attempt_count
                                  ELSE greatest(j.attempt_count - 1, 0) END,
             lost_count = CASE WHEN x.counted THEN j.lost_count ELSE j.lost_count + 1 END,
@@ -2427,10 +1677,11 @@ BEGIN
                 j.worker_id)
         FROM judged AS x
         WHERE j.id = x.id
-        RETURNING j.id, j.queue, j.status, x.counted, j.group_key
+        RETURNING j.id, j.queue, x.next AS status, x.counted, j.group_key
     )
     SELECT array_agg(r.id) AS ids, array_agg(r.status) AS statuses, array_agg(r.counted) AS counted,
            array_agg(r.id) FILTER (WHERE r.status <> 'queued') AS ended,
+           array_agg(r.status) FILTER (WHERE r.status <> 'queued') AS ended_statuses,
            array_agg(r.queue) FILTER (WHERE r.status <> 'queued'
                                       AND r.group_key IS NOT NULL) AS ended_queues,
            array_agg(r.group_key) FILTER (WHERE r.status <> 'queued'
@@ -2443,6 +1694,7 @@ BEGIN
         PERFORM notifyq.announce_v1(v_rows.again);
     END IF;
     IF v_rows.ended IS NOT NULL THEN
+        PERFORM notifyq.end_jobs_v1(v_rows.ended, v_rows.ended_statuses);
         PERFORM notifyq.settle_v1(v_rows.ended, v_rows.ended_queues, v_rows.ended_keys);
     END IF;
     RETURN QUERY SELECT * FROM unnest(v_rows.ids, v_rows.statuses, v_rows.counted);
@@ -2456,17 +1708,6 @@ CREATE FUNCTION notifyq.resign_v1(p_role text, p_holder text) RETURNS void
     DELETE FROM notifyq.leaders WHERE role = p_role AND holder = p_holder;
 $$;
 
-CREATE FUNCTION notifyq.resolve_task_v1(p_task text, p_payload jsonb) RETURNS text
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT coalesce(
-        p_task,
-        CASE WHEN jsonb_typeof(p_payload -> 'task') = 'string' THEN p_payload ->> 'task' END,
-        (SELECT value FROM notifyq.settings WHERE key = 'default_task'),
-        'echo');
-$$;
-
 CREATE FUNCTION notifyq.retry_v1(p_id uuid) RETURNS TABLE(status text, refused text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2474,14 +1715,18 @@ CREATE FUNCTION notifyq.retry_v1(p_id uuid) RETURNS TABLE(status text, refused t
 #variable_conflict use_column
 DECLARE
     v_job record;
+    v_found boolean := false;
     v_newer uuid;
     v_ended uuid;
-    v_next text;
-    v_blocked boolean := false;
+    v_now record;
 BEGIN
-    SELECT j.status, j.queue, j.dedup_key, j.depends_on, j.group_key INTO v_job
-    FROM notifyq.jobs AS j WHERE j.id = p_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    FOR v_try IN 1..2 LOOP
+        SELECT j.status, j.queue, j.dedup_key, j.depends_on, j.group_key INTO v_job
+        FROM notifyq.jobs AS j WHERE j.id = p_id FOR NO KEY UPDATE;
+        v_found := FOUND;
+        EXIT WHEN v_found;
+    END LOOP;
+    IF NOT v_found THEN
         RETURN;
     END IF;
     IF v_job.status NOT IN ('failed', 'cancelled') THEN
@@ -2496,7 +1741,7 @@ BEGIN
                    v_newer, v_job.dedup_key);
         RETURN;
     END IF;
-    SELECT p.id INTO v_ended FROM notifyq.jobs AS p
+    SELECT p.id INTO v_ended FROM notifyq.jobs_done AS p
     WHERE p.id = ANY(v_job.depends_on) AND p.status IN ('failed', 'cancelled')
     ORDER BY p.id LIMIT 1;
     IF v_ended IS NOT NULL THEN
@@ -2505,26 +1750,9 @@ BEGIN
                    v_ended);
         RETURN;
     END IF;
-    v_next := CASE WHEN EXISTS (SELECT 1 FROM notifyq.jobs AS p
-                                WHERE p.id = ANY(v_job.depends_on) AND p.status <> 'completed')
-                   THEN 'waiting' ELSE 'queued' END;
-    IF v_job.group_key IS NOT NULL THEN
-        PERFORM notifyq.lock_group_v1(v_job.queue, v_job.group_key);
-        v_blocked := EXISTS (SELECT 1 FROM notifyq.jobs AS g
-                             WHERE g.queue = v_job.queue AND g.group_key = v_job.group_key
-                               AND g.status IN ('waiting', 'queued', 'processing')
-                               AND g.id <> p_id);
-    END IF;
-    UPDATE notifyq.jobs AS j
-    SET status = v_next, attempt_count = 0, lost_count = 0, run_at = now(), started_at = NULL,
-        finished_at = NULL, heartbeat_at = NULL, worker_id = NULL, lease_expires_at = NULL,
-        result = NULL, cancel_requested_at = NULL, progress = NULL, group_blocked = v_blocked
-    WHERE j.id = p_id;
-    IF v_next = 'queued' AND NOT v_blocked THEN
-        PERFORM notifyq.wake_v1(ARRAY[v_job.queue]);
-    END IF;
+    SELECT * INTO v_now FROM notifyq.revive_v1(p_id);
     PERFORM notifyq.announce_v1(ARRAY[p_id]);
-    RETURN QUERY SELECT v_next, NULL::text;
+    RETURN QUERY SELECT v_now.status, NULL::text;
 END;
 $$;
 
@@ -2550,6 +1778,37 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY SELECT r.status, r.refused FROM notifyq.retry_v1(p_id) AS r;
+END;
+$$;
+
+CREATE FUNCTION notifyq.revive_v1(p_id uuid) RETURNS TABLE(status text, queue text, group_blocked boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_old record;
+BEGIN
+    SELECT d.claims, d.errors, d.last_error, d.group_seq INTO v_old
+    FROM notifyq.jobs_done AS d WHERE d.id = p_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    WITH gone AS (
+        DELETE FROM notifyq.jobs_done AS d WHERE d.id = p_id RETURNING d.*
+    )
+    INSERT INTO notifyq.jobs (id, task, queue, payload, priority, run_at, max_attempts,
+                              dedup_key, created_at, depends_on, workflow_id, group_key,
+                              trace_context, ref)
+    SELECT g.id, g.task, g.queue, g.payload, g.priority, now(), g.max_attempts, g.dedup_key,
+           g.created_at, g.depends_on, g.workflow_id, g.group_key, g.trace_context, g.ref
+    FROM gone AS g;
+    RETURN QUERY
+    UPDATE ONLY notifyq.jobs AS j
+    SET claims = v_old.claims, errors = v_old.errors, last_error = v_old.last_error,
+        group_seq = coalesce(v_old.group_seq, j.group_seq)
+    WHERE j.id = p_id
+    RETURNING j.status, j.queue, j.group_blocked;
 END;
 $$;
 
@@ -2588,18 +1847,18 @@ BEGIN
             SELECT a.id, a.queue FROM notifyq.advance_groups_v1(v_queues, v_keys) AS a
             WHERE a.queue IS NOT NULL;
         END IF;
-        EXIT WHEN NOT EXISTS (SELECT 1 FROM notifyq.jobs AS c
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS c
                               WHERE c.status = 'waiting' AND c.depends_on <> '{}'
                                 AND c.depends_on && v_ended);
         -- The waiting dependents are locked first, in id order, then their parents are looked
         -- at in statements of their own: see settle_v1 (sql/005).
-        PERFORM 1 FROM notifyq.jobs AS c
+        PERFORM 1 FROM ONLY notifyq.jobs AS c
         WHERE c.status = 'waiting' AND c.depends_on <> '{}' AND c.depends_on && v_ended
         ORDER BY c.id FOR NO KEY UPDATE;
         -- Dependents with every job they need completed: queued (claimable unless a group
         -- holds them back).
         WITH ready AS (
-            UPDATE notifyq.jobs AS c SET status = 'queued'
+            UPDATE ONLY notifyq.jobs AS c SET status = 'queued'
             WHERE c.status = 'waiting' AND c.depends_on <> '{}' AND c.depends_on && v_ended
               AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS p
                               WHERE p.id = ANY(c.depends_on) AND p.status <> 'completed')
@@ -2615,18 +1874,18 @@ BEGIN
         -- Dependents of a job that failed or was cancelled: cancelled, and they end in turn.
         WITH doomed AS (
             SELECT c.id,
-                   (SELECT p.id FROM notifyq.jobs AS p
+                   (SELECT p.id FROM notifyq.jobs_done AS p
                     WHERE p.id = ANY(c.depends_on) AND p.status IN ('failed', 'cancelled')
                     ORDER BY p.id LIMIT 1) AS cause
-            FROM notifyq.jobs AS c
+            FROM ONLY notifyq.jobs AS c
             WHERE c.status = 'waiting' AND c.depends_on <> '{}' AND c.depends_on && v_ended
         ), cancelled AS (
-            UPDATE notifyq.jobs AS c
-            SET status = 'cancelled', finished_at = now(),
+            UPDATE ONLY notifyq.jobs AS c
+            SET finished_at = now(),
                 last_error = format('cancelled: job %s, which it depends on, %s', d.cause,
                                     CASE WHEN p.status = 'failed' THEN 'failed'
                                          ELSE 'was cancelled' END)
-            FROM doomed AS d JOIN notifyq.jobs AS p ON p.id = d.cause
+            FROM doomed AS d JOIN notifyq.jobs_done AS p ON p.id = d.cause
             WHERE c.id = d.id AND d.cause IS NOT NULL
             RETURNING c.id, c.queue, c.group_key
         )
@@ -2635,6 +1894,11 @@ BEGIN
                array_agg(x.group_key) FILTER (WHERE x.group_key IS NOT NULL)
         INTO v_ended, v_queues, v_keys
         FROM cancelled AS x;
+        IF cardinality(v_ended) > 0 THEN
+            PERFORM notifyq.end_jobs_v1(v_ended,
+                                        array_fill('cancelled'::text,
+                                                   ARRAY[cardinality(v_ended)]));
+        END IF;
     END LOOP;
     PERFORM notifyq.announce_v1(v_told);
 END;
@@ -2645,6 +1909,8 @@ CREATE FUNCTION notifyq.snooze_v1(p_worker_id text, p_ids uuid[], p_claims integ
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -2652,16 +1918,16 @@ DECLARE
     v_rows record;
 BEGIN
     WITH snoozed AS (
-        UPDATE notifyq.jobs AS j
+        UPDATE ONLY notifyq.jobs AS j
         SET status = 'queued',
-            run_at = now() + make_interval(secs => d.delay),
+            run_at = now() + make_interval(secs => p_delays[array_position(p_ids, j.id)]),
             attempt_count = greatest(j.attempt_count - 1, 0),
             worker_id = NULL,
             lease_expires_at = NULL,
             heartbeat_at = NULL
-        FROM unnest(p_ids, p_claims, p_delays) AS d(id, claim, delay)
-        WHERE j.id = d.id
-          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, d.claim)
+        WHERE j.id = ANY(p_ids)
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                               p_claims[array_position(p_ids, j.id)])
         RETURNING j.id, j.queue
     )
     SELECT array_agg(x.id) AS ids, array_agg(DISTINCT x.queue) AS queues INTO v_rows
@@ -2675,41 +1941,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION notifyq.start_jobs_v1(p_worker_id text, p_ids uuid[], p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision)
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    UPDATE notifyq.jobs AS j
-    SET status = 'processing',
-        attempt_count = j.attempt_count + 1,
-        claims = j.claims + 1,
-        started_at = now(),
-        finished_at = NULL,
-        heartbeat_at = NULL,
-        worker_id = p_worker_id,
-        lease_expires_at = now() + make_interval(secs => p_lease)
-    WHERE j.id = ANY(p_ids)
-    RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-              j.claims, extract(epoch FROM j.created_at)::float8,
-              extract(epoch FROM j.run_at)::float8;
-END;
-$$;
-
-CREATE FUNCTION notifyq.start_jobs_v2(p_worker_id text, p_ids uuid[], p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb)
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT s.id, s.task, s.queue, s.payload, s.priority, s.attempt_count, s.max_attempts,
-           s.claims, s.created_at, s.run_at, s.dependencies
-    FROM notifyq.start_jobs_v3(p_worker_id, p_ids, p_lease) AS s;
-$$;
-
 CREATE FUNCTION notifyq.start_jobs_v3(p_worker_id text, p_ids uuid[], p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2721,7 +1952,7 @@ CREATE FUNCTION notifyq.start_jobs_v3(p_worker_id text, p_ids uuid[], p_lease do
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    UPDATE notifyq.jobs AS j
+    UPDATE ONLY notifyq.jobs AS j
     SET status = 'processing',
         attempt_count = j.attempt_count + 1,
         claims = j.claims + 1,
@@ -2733,10 +1964,9 @@ BEGIN
         lease_expires_at = now() + make_interval(secs => p_lease)
     WHERE j.id = ANY(p_ids)
     RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-              j.claims, extract(epoch FROM j.created_at)::float8,
-              extract(epoch FROM j.run_at)::float8,
+              j.claims, date_part('epoch', j.created_at), date_part('epoch', j.run_at),
               CASE WHEN cardinality(j.depends_on) > 0 THEN
-                  (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs AS p
+                  (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs_done AS p
                    WHERE p.id = ANY(j.depends_on))
               END,
               j.trace_context;
@@ -2765,27 +1995,21 @@ CREATE FUNCTION notifyq.uuid_v7() RETURNS uuid
     LANGUAGE sql PARALLEL SAFE
     AS $$
 SELECT pg_catalog.encode(
-    pg_catalog.set_bit(
-        pg_catalog.set_bit(
-            pg_catalog.overlay(
-                pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
-                pg_catalog.substr(
-                    pg_catalog.int8send(
-                        pg_catalog.floor(
-                            pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
-                            OPERATOR(pg_catalog.*) 1000
-                        )::pg_catalog.int8
-                    ),
-                    3
-                ),
-                1,
-                6
-            ),
-            -- version 4 (0100) becomes version 7 (0111): the two low bits of the version field
-            52, 1
-        ),
-        53, 1
-    ),
+    pg_catalog.int8send(
+        (pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
+                          OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8
+         OPERATOR(pg_catalog.<<) 16)
+        -- the version, 0111, then 12 random bits
+        OPERATOR(pg_catalog.|) 28672
+        OPERATOR(pg_catalog.|) pg_catalog.floor(pg_catalog.random()
+                                                OPERATOR(pg_catalog.*) 4096)::pg_catalog.int8)
+    OPERATOR(pg_catalog.||)
+    pg_catalog.int8send(
+        -- the variant, 10, then 62 random bits
+        '-9223372036854775808'::pg_catalog.int8
+        OPERATOR(pg_catalog.|) pg_catalog.floor(pg_catalog.random()
+                                                OPERATOR(pg_catalog.*) 4611686018427387904)
+                                   ::pg_catalog.int8),
     'hex'
 )::pg_catalog.uuid
 $$;
@@ -2804,13 +2028,18 @@ CREATE FUNCTION notifyq.watch_v1(p_job_id uuid, p_watcher text, p_ttl double pre
     AS $$
 DECLARE
     v_job record;
+    v_found boolean := false;
 BEGIN
     INSERT INTO notifyq.watched_jobs (job_id, watcher, expires_at)
     VALUES (p_job_id, p_watcher, now() + make_interval(secs => p_ttl))
     ON CONFLICT (job_id, watcher) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-    SELECT j.status, j.queue, j.group_blocked INTO v_job
-    FROM notifyq.jobs AS j WHERE j.id = p_job_id FOR SHARE;
-    IF NOT FOUND THEN
+    FOR v_try IN 1..2 LOOP
+        SELECT j.status, j.queue, j.group_blocked INTO v_job
+        FROM notifyq.jobs AS j WHERE j.id = p_job_id FOR SHARE;
+        v_found := FOUND;
+        EXIT WHEN v_found;
+    END LOOP;
+    IF NOT v_found THEN
         DELETE FROM notifyq.watched_jobs WHERE job_id = p_job_id AND watcher = p_watcher;
         RETURN false;
     END IF;
@@ -2826,22 +2055,32 @@ CREATE FUNCTION notifyq.write_completions_v1(p_worker_id text, p_ids uuid[], p_c
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     RETURN QUERY
     WITH done AS (
-        UPDATE notifyq.jobs AS j
-        SET status = 'completed',
-            result = d.result,
-            last_error = NULL,
-            finished_at = now(),
-            lease_expires_at = NULL
-        FROM unnest(p_ids, p_claims, p_results) AS d(id, claim, result)
-        WHERE j.id = d.id AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
-                                               d.claim)
-        RETURNING j.id, j.task, j.queue, j.group_key
+        DELETE FROM ONLY notifyq.jobs AS j
+        WHERE j.id = ANY(p_ids)
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                               p_claims[array_position(p_ids, j.id)])
+        RETURNING j.*, p_results[array_position(p_ids, j.id)] AS outcome
+    ), moved AS (
+        INSERT INTO notifyq.jobs_done
+            (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
+             dedup_key, result, last_error, errors, created_at, started_at, finished_at,
+             worker_id, lease_expires_at, cancel_requested_at, claims, heartbeat_at, lost_count,
+             depends_on, workflow_id, group_key, group_seq, group_blocked, progress,
+             trace_context, ref)
+        SELECT d.id, d.task, d.queue, d.payload, 'completed', d.priority, d.run_at,
+               d.attempt_count, d.max_attempts, d.dedup_key, d.outcome, NULL, d.errors,
+               d.created_at, d.started_at, now(), d.worker_id, NULL, d.cancel_requested_at,
+               d.claims, d.heartbeat_at, d.lost_count, d.depends_on, d.workflow_id, d.group_key,
+               d.group_seq, false, d.progress, d.trace_context, d.ref
+        FROM done AS d
     ), closed AS (
         UPDATE notifyq.tasks AS t
         SET consecutive_failures = 0, breaker_open_until = NULL
@@ -2895,19 +2134,45 @@ CREATE TABLE notifyq.jobs (
     progress jsonb,
     trace_context jsonb,
     ref text,
-    CONSTRAINT jobs_attempt_count_check CHECK ((attempt_count >= 0)),
-    CONSTRAINT jobs_claims_check CHECK ((claims >= 0)),
-    CONSTRAINT jobs_depends_on_check CHECK ((cardinality(depends_on) <= 1000)),
-    CONSTRAINT jobs_group_key_check CHECK (((length(group_key) >= 1) AND (length(group_key) <= 512))),
-    CONSTRAINT jobs_lost_count_check CHECK ((lost_count >= 0)),
-    CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT jobs_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text)),
-    CONSTRAINT jobs_progress_check CHECK (((progress IS NULL) OR (jsonb_typeof(progress) = 'object'::text))),
-    CONSTRAINT jobs_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
-    CONSTRAINT jobs_task_check CHECK (((length(task) >= 1) AND (length(task) <= 200)))
+    CONSTRAINT jobs_live_statuses CHECK ((status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text]))) NO INHERIT
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
+
+CREATE TABLE notifyq.jobs_done (
+    id uuid DEFAULT notifyq.uuid_v7(),
+    task text,
+    queue text,
+    payload jsonb DEFAULT '{}'::jsonb,
+    status text DEFAULT 'queued'::text,
+    priority integer,
+    run_at timestamp with time zone DEFAULT now(),
+    attempt_count integer DEFAULT 0,
+    max_attempts integer,
+    dedup_key text,
+    result jsonb,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb,
+    created_at timestamp with time zone DEFAULT now(),
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    worker_id text,
+    lease_expires_at timestamp with time zone,
+    cancel_requested_at timestamp with time zone,
+    claims integer DEFAULT 0,
+    heartbeat_at timestamp with time zone,
+    lost_count integer DEFAULT 0,
+    depends_on uuid[] DEFAULT '{}'::uuid[],
+    workflow_id uuid,
+    group_key text,
+    group_seq bigint,
+    group_blocked boolean DEFAULT false,
+    progress jsonb,
+    trace_context jsonb,
+    ref text,
+    CONSTRAINT jobs_done_statuses CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+)
+INHERITS (notifyq.jobs)
+WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
 
 CREATE UNLOGGED TABLE notifyq.leaders (
     role text NOT NULL,
@@ -2988,17 +2253,11 @@ CREATE UNLOGGED TABLE notifyq.watched_jobs (
     expires_at timestamp with time zone NOT NULL
 );
 
+ALTER TABLE ONLY notifyq.jobs_done
+    ADD CONSTRAINT jobs_done_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY notifyq.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
-
-ALTER TABLE notifyq.jobs
-    ADD CONSTRAINT jobs_ref_bounded CHECK (((ref IS NULL) OR ((workflow_id IS NOT NULL) AND ((char_length(ref) >= 1) AND (char_length(ref) <= 200))))) NOT VALID;
-
-ALTER TABLE notifyq.jobs
-    ADD CONSTRAINT jobs_times_in_range CHECK ((((run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((started_at IS NULL) OR ((started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((finished_at IS NULL) OR ((finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((lease_expires_at IS NULL) OR ((lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((heartbeat_at IS NULL) OR ((heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((cancel_requested_at IS NULL) OR ((cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))))) NOT VALID;
-
-ALTER TABLE notifyq.jobs
-    ADD CONSTRAINT jobs_trace_context_bounded CHECK (((trace_context IS NULL) OR ((jsonb_typeof(trace_context) = 'object'::text) AND (octet_length((trace_context)::text) <= 1024)))) NOT VALID;
 
 ALTER TABLE ONLY notifyq.leaders
     ADD CONSTRAINT leaders_pkey PRIMARY KEY (role);
@@ -3033,19 +2292,17 @@ CREATE INDEX jobs_archive_workflow_idx ON ONLY notifyq.jobs_archive USING btree 
 
 CREATE INDEX jobs_claim_idx ON notifyq.jobs USING btree (priority DESC, run_at, id) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
 
-CREATE INDEX jobs_created_idx ON notifyq.jobs USING btree (created_at DESC, id DESC);
-
-CREATE INDEX jobs_dead_idx ON notifyq.jobs USING btree (status, task, created_at DESC) WHERE (status = ANY (ARRAY['failed'::text, 'cancelled'::text]));
+CREATE INDEX jobs_deferred_idx ON notifyq.jobs USING btree (run_at) WHERE ((status = 'queued'::text) AND (NOT group_blocked) AND (run_at > created_at));
 
 CREATE INDEX jobs_dependents_idx ON notifyq.jobs USING gin (depends_on) WITH (fastupdate=off) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (depends_on <> '{}'::uuid[]));
 
-CREATE INDEX jobs_due_idx ON notifyq.jobs USING btree (run_at) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
+CREATE INDEX jobs_done_dead_idx ON notifyq.jobs_done USING btree (status, task, created_at DESC) WHERE (status = ANY (ARRAY['failed'::text, 'cancelled'::text]));
 
-CREATE INDEX jobs_finished_idx ON notifyq.jobs USING btree (finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
+CREATE INDEX jobs_done_finished_idx ON notifyq.jobs_done USING btree (finished_at);
+
+CREATE INDEX jobs_done_workflow_idx ON notifyq.jobs_done USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
 CREATE INDEX jobs_group_idx ON notifyq.jobs USING btree (queue, group_key, group_seq) WHERE ((group_key IS NOT NULL) AND (status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text])));
-
-CREATE INDEX jobs_lease_idx ON notifyq.jobs USING btree (lease_expires_at NULLS FIRST) WHERE (status = 'processing'::text);
 
 CREATE UNIQUE INDEX jobs_pending_dedup_idx ON notifyq.jobs USING btree (queue, dedup_key) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (dedup_key IS NOT NULL));
 
@@ -3053,10 +2310,18 @@ CREATE INDEX jobs_queue_claim_idx ON notifyq.jobs USING btree (queue, priority D
 
 CREATE INDEX jobs_workflow_idx ON notifyq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
-CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NOT NULL) AND ((new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL)))) EXECUTE FUNCTION notifyq.fill_defaults_v2();
+CREATE TRIGGER jobs_0_statement BEFORE INSERT ON notifyq.jobs FOR EACH STATEMENT EXECUTE FUNCTION notifyq.forget_defaults_v1();
+
+CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NOT NULL) AND ((new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL)))) EXECUTE FUNCTION notifyq.fill_defaults_v3();
 
 CREATE TRIGGER jobs_accept BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NULL) OR (new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL) OR (new.status IS DISTINCT FROM 'queued'::text) OR (new.attempt_count <> 0) OR (new.claims <> 0) OR (new.lost_count <> 0) OR (new.worker_id IS NOT NULL) OR (new.lease_expires_at IS NOT NULL) OR (new.heartbeat_at IS NOT NULL) OR (new.started_at IS NOT NULL) OR (new.finished_at IS NOT NULL) OR (new.result IS NOT NULL) OR (new.last_error IS NOT NULL) OR (new.errors IS DISTINCT FROM '[]'::jsonb) OR (new.cancel_requested_at IS NOT NULL) OR (NOT ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (NOT ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (cardinality(new.depends_on) > 0) OR (new.group_key IS NOT NULL) OR (new.group_seq IS NOT NULL) OR new.group_blocked OR (new.progress IS NOT NULL))) EXECUTE FUNCTION notifyq.accept_job_v2();
+
+CREATE TRIGGER jobs_check BEFORE INSERT OR UPDATE OF task, queue, payload, priority, run_at, max_attempts, dedup_key, created_at, depends_on, workflow_id, group_key, trace_context, ref ON notifyq.jobs FOR EACH ROW WHEN ((NOT (((length(new.task) >= 1) AND (length(new.task) <= 200)) AND ((length(new.queue) >= 1) AND (length(new.queue) <= 200)) AND (jsonb_typeof(new.payload) = 'object'::text) AND (new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])) AND (new.attempt_count >= 0) AND (new.max_attempts >= 1) AND (new.claims >= 0) AND (new.lost_count >= 0) AND (cardinality(new.depends_on) <= 1000) AND ((new.group_key IS NULL) OR ((length(new.group_key) >= 1) AND (length(new.group_key) <= 512))) AND ((new.progress IS NULL) OR (jsonb_typeof(new.progress) = 'object'::text)) AND ((new.trace_context IS NULL) OR ((jsonb_typeof(new.trace_context) = 'object'::text) AND (octet_length((new.trace_context)::text) <= 1024))) AND ((new.ref IS NULL) OR ((new.workflow_id IS NOT NULL) AND ((char_length(new.ref) >= 1) AND (char_length(new.ref) <= 200)))) AND ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.started_at IS NULL) OR ((new.started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.finished_at IS NULL) OR ((new.finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.lease_expires_at IS NULL) OR ((new.lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.heartbeat_at IS NULL) OR ((new.heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.cancel_requested_at IS NULL) OR ((new.cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)))))) EXECUTE FUNCTION notifyq.refuse_row_v1();
+
+CREATE TRIGGER jobs_done_refuse_revival BEFORE UPDATE OF status ON notifyq.jobs_done FOR EACH ROW WHEN ((new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text]))) EXECUTE FUNCTION notifyq.refuse_status_v1();
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.notify_inserted_v2();
 
 CREATE CONSTRAINT TRIGGER jobs_recheck_waiting AFTER INSERT ON notifyq.jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((new.status = 'waiting'::text)) EXECUTE FUNCTION notifyq.recheck_waiting_v1();
+
+CREATE TRIGGER jobs_refuse_end BEFORE UPDATE OF status ON notifyq.jobs FOR EACH ROW WHEN ((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]))) EXECUTE FUNCTION notifyq.refuse_status_v1();

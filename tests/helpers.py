@@ -69,16 +69,42 @@ async def insert_in_state(
     """Inserts ``count`` jobs of ``task`` in a state only workers reach (finished, processing),
     for a test's setup. An INSERT may only name the task and payload, so the other ``columns``
     (SQL expressions, such as ``status="'failed'"``) are written by an UPDATE, as the engine
-    would. Answers the ids."""
+    would; a finished status by :func:`end_by_hand`. Answers the ids."""
     cursor = await conn.execute(
         "INSERT INTO notifyq.jobs (task) SELECT %s FROM generate_series(1, %s) RETURNING id",
         [task, count],
     )
     ids = [row[0] for row in await cursor.fetchall()]
+    status = columns.pop("status", None)
+    if status is not None and status.strip("'") in FINISHED:
+        await end_by_hand(conn, ids, status.strip("'"), **columns)
+        return ids
+    if status is not None:
+        columns["status"] = status
     if columns:
         sets = ", ".join(f"{name} = {value}" for name, value in columns.items())
         await conn.execute(f"UPDATE notifyq.jobs SET {sets} WHERE id = ANY(%s)", [ids])
     return ids
+
+
+#: The statuses of the jobs in notifyq.jobs_done.
+FINISHED = ("completed", "failed", "cancelled")
+
+
+async def end_by_hand(
+    conn: psycopg.AsyncConnection[Any], ids: list[Any], status: str, **columns: str
+) -> None:
+    """Ends live jobs ``ids`` with ``status`` for a test's setup, as the engine would: the other
+    ``columns`` (SQL expressions) written in notifyq.jobs, then the rows moved to
+    notifyq.jobs_done (notifyq.end_jobs_v1), with nothing else that an end sets off (no
+    dependent or group moves on)."""
+    if columns:
+        sets = ", ".join(f"{name} = {value}" for name, value in columns.items())
+        await conn.execute(f"UPDATE ONLY notifyq.jobs SET {sets} WHERE id = ANY(%s)", [ids])
+    await conn.execute(
+        "SELECT notifyq.end_jobs_v1(%s::uuid[], array_fill(%s::text, ARRAY[%s]))",
+        [ids, status, len(ids)],
+    )
 
 
 async def count_by_status(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:

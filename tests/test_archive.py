@@ -25,6 +25,7 @@ from notifyq.worker import archive, prune
 from notifyq.worker._maintenance import ARCHIVE_AHEAD_DAYS, archive_keep
 from tests.helpers import (
     ROOT,
+    end_by_hand,
     insert_in_state,
     notifyq_env,
     registry,
@@ -175,10 +176,7 @@ async def test_a_job_that_a_job_not_started_yet_depends_on_never_moves(
         await archive(q.store, archiving(settings, HOUR))
         assert await archived_ids(conn) == {late}
         # Once its dependent has started (here: finished), the parent moves too.
-        await conn.execute(
-            "UPDATE notifyq.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s",
-            [child.job_id],
-        )
+        await end_by_hand(conn, [child.job_id], "cancelled")
         await archive(q.store, archiving(settings, HOUR))
         assert await archived_ids(conn) == {late, parent}
         assert other in await hot_ids(conn)

@@ -299,39 +299,41 @@ async def test_the_floor_table_has_the_columns_indexes_and_checks_of_notifyq_job
     # so are the triggers (the floor's notify trigger is its own, bare one).
     bare = _bench_module("notifyq_bench.bare")
     await conn.execute(bare.SCHEMA.encode())
-    real = await _table_shape(conn, "notifyq")
-    assert real["columns"] and real["indexes"] and real["checks"] and real["options"]
-    assert await _table_shape(conn, "bench") == real
+    for table in ("jobs", "jobs_done"):
+        real = await _table_shape(conn, "notifyq", table)
+        assert real["columns"] and real["indexes"] and real["checks"] and real["options"]
+        assert await _table_shape(conn, "bench", table) == real, table
 
 
-async def _table_shape(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str, Any]:
-    """What a write to ``schema``.jobs pays for: columns in order with their types and
+async def _table_shape(
+    conn: psycopg.AsyncConnection[Any], schema: str, table: str
+) -> dict[str, Any]:
+    """What a write to ``schema``.``table`` pays for: columns in order with their types and
     nullability, index definitions (without their names), CHECK clauses and storage options."""
     columns = await (
         await conn.execute(
             "SELECT column_name, data_type, datetime_precision, is_nullable "
-            "FROM information_schema.columns WHERE table_schema = %s AND table_name = 'jobs' "
+            "FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
             "ORDER BY ordinal_position",
-            [schema],
+            [schema, table],
         )
     ).fetchall()
     indexes = await (
         await conn.execute(
-            "SELECT indexname, indexdef FROM pg_indexes "
-            "WHERE schemaname = %s AND tablename = 'jobs'",
-            [schema],
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+            [schema, table],
         )
     ).fetchall()
     checks = await (
         await conn.execute(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
             "WHERE conrelid = %s::regclass AND contype = 'c'",
-            [f"{schema}.jobs"],
+            [f"{schema}.{table}"],
         )
     ).fetchall()
     options = await (
         await conn.execute(
-            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [f"{schema}.jobs"]
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [f"{schema}.{table}"]
         )
     ).fetchone()
     assert options is not None

@@ -313,7 +313,10 @@ async def test_an_idle_queue_counts_the_workers_serving_every_queue_as_listening
     async with api(settings) as client:
         for queue in ("default", "reports"):
             await enqueue(client, task="echo", queue=queue, payload={})
-        await conn.execute("UPDATE notifyq.jobs SET status = 'completed', finished_at = now()")
+        await conn.execute(
+            "SELECT notifyq.end_jobs_v1(array_agg(id), array_agg('completed'::text))"
+            " FROM ONLY notifyq.jobs"
+        )
         async with (
             running_worker(settings) as first,
             running_worker(settings) as second,

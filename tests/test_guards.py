@@ -20,7 +20,7 @@ from notifyq import guards
 from notifyq.api import create_app
 from notifyq.errors import ConfigurationError
 from notifyq.settings import Settings
-from tests.helpers import notifyq_env, processes
+from tests.helpers import insert_in_state, notifyq_env, processes
 
 TOKEN = "s3cret-token"
 RIGHT = {"authorization": f"Bearer {TOKEN}"}
@@ -150,10 +150,7 @@ async def test_a_cross_site_form_post_does_not_pause_a_queue(settings: Settings,
 
 
 async def test_a_cross_site_retry_requeues_nothing(settings: Settings, conn: Any) -> None:
-    await conn.execute(
-        "INSERT INTO notifyq.jobs (task, payload) VALUES ('fail', '{}');"
-        "UPDATE notifyq.jobs SET status = 'failed', finished_at = now()"
-    )
+    await insert_in_state(conn, "fail", status="'failed'")
     async with api(settings) as client:
         answer = await client.post("/jobs/retry", headers={"origin": EVIL})
     assert answer.status_code == 403

@@ -282,7 +282,7 @@ async def test_queue_counts_and_pause(settings: Settings, conn: Any) -> None:
 async def test_queue_counts_are_estimated_on_a_large_table(settings: Settings, db_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await insert_in_state(conn, count=20000, status="'completed'", finished_at="now()")
-        await conn.execute("ANALYZE notifyq.jobs")
+        await conn.execute("ANALYZE notifyq.jobs_done")
     async with open_pool(settings, name="t") as pool:
         rows = await Store(pool).queue_stats(exact_below=1000, sample_percent=50)
     (row,) = rows

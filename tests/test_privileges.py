@@ -87,13 +87,15 @@ def test_every_function_pins_its_search_path(db_url: str) -> None:
                WHERE p.pronamespace = 'notifyq'::regnamespace
                  AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY(p.proconfig), false)"""
         ).fetchall()
-    # Three exceptions. The lease fence, an IMMUTABLE SQL expression of its arguments that the
+    # Four exceptions. The lease fence, an IMMUTABLE SQL expression of its arguments that the
     # planner inlines into its (pinned) callers, which a SET clause would prevent; the id of a
     # new job, an expression inlined into the column default for the same reason. The defaults
-    # trigger of a plain INSERT, which runs at every row, as the inserting role. The last two
-    # name everything by its schema instead (the tests below plant overloads of what they call).
+    # trigger of a plain INSERT, which runs at every row, as the inserting role, and the
+    # statement trigger that goes with it. The last three name everything by its schema instead
+    # (the tests below plant overloads of what they call).
     assert sorted(row[0] for row in rows) == [
-        "notifyq.fill_defaults_v2()",
+        "notifyq.fill_defaults_v3()",
+        "notifyq.forget_defaults_v1()",
         "notifyq.holds_v1(text,text,integer,text,integer)",
         "notifyq.uuid_v7()",
     ], rows
@@ -331,7 +333,7 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
                 await conn.execute("UPDATE notifyq.jobs SET status = 'completed'")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 await conn.execute(
-                    "SELECT * FROM notifyq.claim_v3('me', ARRAY['echo'], NULL, 10, 30, false)"
+                    "SELECT * FROM notifyq.claim_v4('me', ARRAY['echo'], NULL, 10, 30, false)"
                 )
         async with Queue(settings=settings.model_copy(update={"database_url": url})) as q:
             one = await q.enqueue("echo", {"n": 1})

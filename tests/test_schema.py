@@ -51,6 +51,10 @@ def snapshot(url: str) -> dict[str, list[Any]]:
         (table, name, re.sub(r"[()\s]", "", text), valid)
         for table, name, text, valid in found["constraints"]
     ]
+    # So with a trigger's WHEN clause (sql/020's rules of a job's columns).
+    found["triggers"] = [
+        (name, re.sub(r"[()\s]", "", text), enabled) for name, text, enabled in found["triggers"]
+    ]
     return found
 
 

@@ -394,23 +394,20 @@ def test_tracing_asked_for_without_opentelemetry_says_what_to_install() -> None:
     assert "pip install 'notifyq[otel]'" in done.stdout
 
 
-async def test_the_functions_of_version_6_answer_as_before(conn: Any) -> None:
-    # Workers and clients of the previous version call these; they now run version 7's.
+async def test_the_functions_of_version_7_answer_as_before(conn: Any) -> None:
+    # Clients of version 7 (and notifyq.enqueue) call enqueue_v3, without a trace context; it
+    # runs the later versions' rule and leaves the context empty.
     cursor = await conn.execute(
         "SELECT job_id, duplicate FROM notifyq.enqueue_v3('echo', '{}', 'old', NULL, NULL, "
         "NULL, 'k', NULL, NULL, NULL, NULL, NULL, NULL)"
     )
     (job_id, duplicate) = await cursor.fetchone()
+    assert not duplicate
     cursor = await conn.execute(
-        "SELECT count(*) FROM notifyq.enqueue_many_v3(ARRAY['echo'], ARRAY['{}'::jsonb], "
-        "ARRAY['old'], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
-    )
-    assert await cursor.fetchone() == (1,) and not duplicate
-    cursor = await conn.execute(
-        "SELECT * FROM notifyq.claim_v3('w', ARRAY['echo'], ARRAY['old'], 10, 30, false)"
+        "SELECT * FROM notifyq.claim_v4('w', ARRAY['echo'], ARRAY['old'], 10, 30, false)"
     )
     claimed = await cursor.fetchall()
-    assert len(claimed) == 2 and len(cursor.description) == 11
+    assert len(claimed) == 1 and len(cursor.description) == 12
     assert job_id in {row[0] for row in claimed}
     row = await job_row(conn, job_id)
     assert row is not None and row["status"] == "processing" and row["trace_context"] is None

@@ -19,6 +19,7 @@ from notifyq.settings import Settings
 from notifyq.workflows import chain, chord, group, step
 from tests.helpers import (
     count_by_status,
+    end_by_hand,
     job_row,
     registry,
     running_worker,
@@ -252,10 +253,8 @@ async def test_retention_keeps_a_parent_whose_child_has_not_started(
         gone = await q.enqueue("echo", {})
         blocker = await q.enqueue("echo", {}, delay=3600)
         await q.enqueue("echo", {}, depends_on=[kept.job_id, blocker.job_id])
-        await conn.execute(
-            "UPDATE notifyq.jobs SET status = 'completed', finished_at = now() - interval '1 day'"
-            " WHERE id = ANY(%s)",
-            [[kept.job_id, gone.job_id]],
+        await end_by_hand(
+            conn, [kept.job_id, gone.job_id], "completed", finished_at="now() - interval '1 day'"
         )
         deleted = await q.store.prune(JobStatus.COMPLETED, keep=60)
         assert deleted == 1

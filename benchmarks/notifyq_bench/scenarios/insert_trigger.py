@@ -131,7 +131,7 @@ def run(ctx: Context) -> None:
     def measure(kind: str, enabled: bool) -> None:
         with ctx.connect() as conn:
             conn.execute(sql.SQL("DELETE FROM notifyq.jobs WHERE task = %s"), [NOOP])
-            conn.execute("VACUUM notifyq.jobs")
+            conn.execute("VACUUM notifyq.jobs, notifyq.jobs_done")
             settle(conn)
             set_triggers(conn, triggers, enabled)
         try:
