@@ -8,4 +8,7 @@ urlpatterns = [path("checkout", views.checkout)]
 if django.VERSION >= (6,):
     from tests.django_project.newsletter import views as newsletter
 
-    urlpatterns.append(path("subscribe", newsletter.subscribe))
+    urlpatterns += [
+        path("subscribe", newsletter.subscribe),
+        path("welcomed/<str:result_id>", newsletter.welcomed),
+    ]

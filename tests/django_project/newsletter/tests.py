@@ -129,6 +129,19 @@ class EnqueueTests(TasksTestCase):
         created = answer.json()
         result = welcome.get_result(created["task_result"])
         self.assertEqual(result.args, [created["subscriber"]])
+        read = Client().get(f"/welcomed/{created['task_result']}")
+        self.assertEqual(read.json(), {"status": "READY", "attempts": 0})
+        call_command("notifyq_worker", "--burst", "--queues", "mail")
+        read = Client().get(f"/welcomed/{created['task_result']}")
+        self.assertEqual(
+            read.json(),
+            {
+                "status": "SUCCESSFUL",
+                "attempts": 1,
+                "return_value": {"welcomed": "grace@example.org"},
+            },
+        )
+        self.assertEqual(Client().get(f"/welcomed/{uuid.uuid4()}").status_code, 404)
 
     def test_queues_default_to_djangos_default_queue_only(self):
         backend = TaskBackend("other", {"BACKEND": "notifyq.django.TaskBackend"})

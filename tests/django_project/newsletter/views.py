@@ -2,6 +2,8 @@ import json
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
+from django.tasks import TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -20,3 +22,16 @@ def subscribe(request: HttpRequest) -> JsonResponse:
         subscriber = Subscriber.objects.create(email=email)
         result = welcome.enqueue(subscriber.pk)  # a notifyq job, in the block's transaction
     return JsonResponse({"subscriber": subscriber.pk, "task_result": result.id}, status=201)
+
+
+def welcomed(request: HttpRequest, result_id: str) -> JsonResponse:
+    try:
+        result = welcome.get_result(result_id)
+    except TaskResultDoesNotExist:
+        return JsonResponse({"detail": "no such task result"}, status=404)
+    answer = {"status": result.status, "attempts": result.attempts}
+    if result.status == TaskResultStatus.SUCCESSFUL:
+        answer["return_value"] = result.return_value
+    elif result.errors:
+        answer["error"] = result.errors[-1].exception_class_path
+    return JsonResponse(answer)
