@@ -357,3 +357,14 @@ def test_the_django_commands_run_as_printed(
             worker.signal(signal.SIGTERM)
             assert worker.wait() == 0, worker.output()
     assert rows(empty_db_url, "SELECT count(*) FROM notifyq.jobs") == [(0,)]
+
+
+def test_the_sites_first_screen_is_the_readmes() -> None:
+    # tests/test_first_screen.py runs the README's commands and checks its output block; the
+    # site's copies must say the same.
+    commands, output = blocks_of(README)[:2]
+    assert output.lang == "text", "the README's output of notifyq dev comes second"
+    for page in (DOCS / "getting-started.md", DOCS / "index.md"):
+        assert blocks_of(page)[0].code == commands.code, page
+    (shown,) = [b for b in blocks_of(DOCS / "getting-started.md") if b.lang == "text"]
+    assert shown.code == output.code
