@@ -141,6 +141,7 @@ def test_the_sql_of_every_page_runs_as_printed(page: Path, db_url: str) -> None:
 # -- the site --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI also builds it in a step of its own, before the tests
 def test_the_site_builds_with_mkdocs_strict(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="the docs extra is not installed")
     build = subprocess.run(

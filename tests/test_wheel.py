@@ -24,6 +24,9 @@ from tests.helpers import ROOT
 
 pytest.importorskip("hatchling", reason="the dev extra installs the build backend")
 
+# A venv and an install: half a minute, which CI spends once, in its full run.
+pytestmark = pytest.mark.slow
+
 #: Dependency wheels kept between runs: only a first run (or a new dependency) downloads.
 WHEEL_CACHE = Path(
     os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "notifyq-tests", "wheels"
