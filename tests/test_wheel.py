@@ -24,8 +24,9 @@ from tests.helpers import ROOT
 
 pytest.importorskip("hatchling", reason="the dev extra installs the build backend")
 
-# A venv and an install: half a minute, which CI spends once, in its full run.
-pytestmark = pytest.mark.slow
+# A venv and an install: half a minute, which CI spends once, in its full run; a first run also
+# fetches the dependencies' wheels.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 #: Dependency wheels kept between runs: only a first run (or a new dependency) downloads.
 WHEEL_CACHE = Path(
