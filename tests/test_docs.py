@@ -369,3 +369,14 @@ def test_the_sites_first_screen_is_the_readmes() -> None:
         assert blocks_of(page)[0].code == commands.code, page
     (shown,) = [b for b in blocks_of(DOCS / "getting-started.md") if b.lang == "text"]
     assert shown.code == output.code
+
+
+def test_blocks_that_tests_find_by_their_first_line_are_the_same_wherever_shown() -> None:
+    # Tests find a block by its first line, the README's first: a copy on another page with
+    # the same first line must be the same block, or the copy is not the one they run.
+    by_first_line: dict[str, set[str]] = {}
+    for block in blocks():
+        if block.marker.startswith("run:"):
+            by_first_line.setdefault(block.first_line, set()).add(block.code)
+    differing = [line for line, codes in by_first_line.items() if len(codes) > 1]
+    assert not differing, differing
