@@ -193,7 +193,7 @@ def _unreachable(url: str, reason: str) -> DatabaseUnavailable:
         return DatabaseUnavailable(
             f"cannot connect to {redact(url)}: {reason}: a pooler (PgBouncer) is in between; "
             "add `options` to its ignore_startup_parameters, and set statement_timeout on the "
-            "role instead (see the README's PgBouncer section)"
+            "role instead (see docs/how-to/pgbouncer.md)"
         )
     return DatabaseUnavailable(
         f"cannot connect to {redact(url)}: {reason}; check that PostgreSQL is running and "

@@ -71,13 +71,32 @@ class Settings(BaseSettings):
     queues: CommaList | None = Field(
         default=None, description="Queues a worker serves; unset or empty means all queues."
     )
-    concurrency: int = Field(default=10, ge=1, le=10_000)
-    poll_interval: float = Field(default=5.0, gt=0, le=3600)
-    lease_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    concurrency: int = Field(
+        default=10, ge=1, le=10_000, description="Jobs one worker process runs at once."
+    )
+    poll_interval: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Seconds between a worker's fallback polls, which bound a lost notification.",
+    )
+    lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="How long a claimed job is held without a heartbeat; then another worker "
+        "rescues it.",
+    )
     heartbeat_interval: float | None = Field(
         default=None, gt=0, description="Seconds between lease renewals; default lease / 4."
     )
-    shutdown_grace: float = Field(default=25.0, ge=0, le=3600)
+    shutdown_grace: float = Field(
+        default=25.0,
+        ge=0,
+        le=3600,
+        description="Seconds running jobs get to finish on SIGTERM or SIGINT; the rest go back "
+        "to the queue.",
+    )
     statement_timeout: float | None = Field(
         default=None,
         gt=0,
@@ -90,18 +109,41 @@ class Settings(BaseSettings):
         description="Seconds to wait for a connection (and, in the API, for a free pooled "
         "one); default 5, or a third of the lease when that is shorter.",
     )
-    default_task: str = Field(default="echo", min_length=1, max_length=200)
-    max_attempts: int = Field(default=3, ge=1, le=1000)
-    retry_base: float = Field(default=1.0, ge=0)
-    retry_factor: float = Field(default=2.0, ge=1)
-    retry_cap: float = Field(default=3600.0, ge=0)
+    default_task: str = Field(
+        default="echo",
+        min_length=1,
+        max_length=200,
+        description="Task of a job that names none (neither `task` nor a string `payload.task`).",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Attempts of a job whose task and submission set none.",
+    )
+    retry_base: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds before the first retry, for tasks that set no backoff.",
+    )
+    retry_factor: float = Field(
+        default=2.0, ge=1, description="How much each retry's wait grows, for tasks that set none."
+    )
+    retry_cap: float = Field(
+        default=3600.0, ge=0, description="Longest wait between attempts, for tasks that set none."
+    )
     breaker_threshold: int | None = Field(
         default=None,
         ge=1,
         description="Consecutive failures that open a task's circuit breaker, for tasks that "
         "set none; unset means no breaker.",
     )
-    breaker_cooldown: float = Field(default=30.0, gt=0)
+    breaker_cooldown: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an open circuit breaker keeps its task from being claimed before "
+        "one probe job runs, for tasks that set none.",
+    )
     keep_completed: float | None = Field(
         default=7 * 86_400,
         ge=0,
@@ -150,12 +192,21 @@ class Settings(BaseSettings):
         description="Origins allowed to call the API from a browser (comma-separated); none "
         "by default, so CORS stays off.",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    host: str = Field(
+        default="127.0.0.1", description="Address `serve` and `dev` (and --metrics-port) listen on."
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="Port `serve` and `dev` listen on.")
     run_worker: bool = Field(default=True, description="Run a worker inside `notifyq serve`.")
     auto_migrate: bool = Field(default=True, description="Apply migrations when a process starts.")
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
-    pool_size: int = Field(default=10, ge=1, le=1000)
+    max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1024, description="Largest request body the API reads; past it 413."
+    )
+    pool_size: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="Connections of the API's pool (its worker's besides).",
+    )
     max_streams: int = Field(
         default=1000,
         ge=1,
@@ -168,7 +219,9 @@ class Settings(BaseSettings):
         "to the process's tracer provider, and each job keeps the trace context it was "
         "enqueued in.",
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Least level of the log lines a process writes."
+    )
     log_format: Literal["text", "json"] = Field(
         default="text", description="text for people, json for one object per line."
     )

@@ -1,18 +1,14 @@
-"""The README's code blocks, for the tests that run them as written."""
+"""The code blocks a user pastes, for the tests that run them as written: README.md's and the
+documentation site's (see :mod:`tests.docs`, which finds them)."""
 
 from __future__ import annotations
 
-import re
+from tests.docs import README, doc_block
 
-from tests.helpers import ROOT
-
-README = ROOT / "README.md"
+__all__ = ["README", "readme_block"]
 
 
 def readme_block(first_line: str) -> str:
-    """The code of the README's fenced block that starts with ``first_line`` (a file name in
-    a comment, say)."""
-    for match in re.finditer(r"^```[a-z]+\n(.*?)^```$", README.read_text(), re.M | re.S):
-        if match.group(1).startswith(first_line):
-            return match.group(1)
-    raise AssertionError(f"README.md has no code block starting with {first_line!r}")
+    """The code of the block, in README.md or a page of the site, that starts with
+    ``first_line`` (a file name in a comment, say)."""
+    return doc_block(first_line)

@@ -1,8 +1,8 @@
-"""Failover as the README's "Failover to a standby" section sets it up: a ``DATABASE_URL`` that
+"""Failover as the failover guide (docs/how-to/failover.md) sets it up: a ``DATABASE_URL`` that
 names every host, with ``target_session_attrs=read-write``.
 
 Every way notifyq connects (the pool, the LISTEN connections of a worker and of ``Queue.wait``,
-``SyncQueue``, ``notifyq migrate``) takes the README's URL, its first host refusing. The slow
+``SyncQueue``, ``notifyq migrate``) takes the guide's URL, its first host refusing. The slow
 test makes two clusters of its own (a primary and a synchronous streaming standby, initdb on
 free ports in a temp folder, removed after), kills the primary under load, promotes the standby
 as the README says, and checks that no acknowledged job was lost, that the API answered 503
@@ -38,8 +38,8 @@ from notifyq import Queue, SyncQueue
 from notifyq.db import connect, open_pool
 from notifyq.embedded._account import is_root, service_account
 from notifyq.settings import Settings
+from tests.docs import blocks
 from tests.helpers import notifyq_env, processes, running_worker
-from tests.readme import README
 from tests.sample_tasks import read_runs
 
 README_URL = re.compile(r"export DATABASE_URL='(postgresql://[^']*)'")
@@ -52,9 +52,10 @@ def free_port() -> int:
 
 
 def readme_failover_url(user: str, hosts: list[tuple[str, int]], dbname: str) -> str:
-    """The README's failover URL with this test's user, hosts and database put in."""
-    found = [u for u in README_URL.findall(README.read_text()) if "target_session_attrs" in u]
-    assert found, "README.md shows no multi-host DATABASE_URL"
+    """The guide's failover URL with this test's user, hosts and database put in."""
+    shown = "".join(block.code for block in blocks("sh"))
+    found = [u for u in README_URL.findall(shown) if "target_session_attrs" in u]
+    assert found, "no page shows a multi-host DATABASE_URL"
     url = found[0]
     shown = "postgresql://user@host1:5432,host2:5432/db?target_session_attrs=read-write"
     assert url == shown, url

@@ -1,6 +1,6 @@
-"""notifyq behind a real PgBouncer in transaction mode, set up as the README's PgBouncer section
-says: DATABASE_URL through PgBouncer, NOTIFYQ_LISTEN_URL straight to the server, ``options`` in
-``ignore_startup_parameters``.
+"""notifyq behind a real PgBouncer in transaction mode, set up as the PgBouncer guide
+(docs/how-to/pgbouncer.md) says: DATABASE_URL through PgBouncer, NOTIFYQ_LISTEN_URL straight
+to the server, ``options`` in ``ignore_startup_parameters``.
 
 Each test starts its own PgBouncer (the ``pgbouncer`` binary: CI installs it; skipped, saying
 so, where there is none) on a free port, in front of the test server, with a pool of several
@@ -150,7 +150,7 @@ def bouncer(server_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def pooled(settings: Settings, db_url: str, bouncer: str) -> Settings:
-    """The test's settings as the README's PgBouncer section has them."""
+    """The test's settings as the PgBouncer guide has them."""
     return settings.model_copy(
         update={"database_url": _through(bouncer, db_url), "listen_url": db_url}
     )

@@ -1,7 +1,8 @@
-"""The README's snippets a user would paste, run exactly as printed: the Python examples of
-"Submitting jobs" (each a file of its own, run by ``python``, a real worker running beside it),
-its SQL, the curl commands of the FastAPI and Django recipes against a real server, and the
-ports the README has servers listen on, which must not collide with each other.
+"""The snippets a user would paste, from the README and the documentation site (docs/), run
+exactly as printed: the Python examples of the tutorial (each a file of its own, run by
+``python``, a real worker running beside it), its SQL, the curl commands of the FastAPI and
+Django recipes against a real server, and the ports the pages have servers listen on, which must
+not collide with each other.
 
 The one liberty taken: a server started here listens on a free port, not the README's, and the
 README's command that reaches it has its port mapped to that one (another test, or a developer's
@@ -27,8 +28,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from notifyq import SyncQueue
+from tests.docs import blocks
 from tests.helpers import ROOT, Process, notifyq_env, processes
-from tests.readme import README, readme_block
+from tests.readme import readme_block
 
 # The port of every server command the README's shell blocks run, when they name none.
 DEFAULT_PORT = 8000
@@ -45,8 +47,8 @@ def free_port() -> int:
 
 
 def shell_blocks() -> list[str]:
-    text = README.read_text()
-    return [m.group(1) for m in re.finditer(r"^```sh\n(.*?)^```$", text, re.M | re.S)]
+    """The shell blocks of the README and of every page of the site."""
+    return [block.code for block in blocks("sh")]
 
 
 def shell_line(start: str, *holding: str) -> str:

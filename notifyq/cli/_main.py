@@ -132,7 +132,7 @@ BENCH_INSTALL = "pip install -e ./benchmarks"
 BENCH_HELP = f"""usage: notifyq bench [OPTIONS]
 
 Measures notifyq's latency and throughput against its targets, and against other queues
-(see the README's Performance section). The bench is a distribution of its own,
+(see docs/concepts/benchmark.md). The bench is a distribution of its own,
 notifyq-bench, which is not installed here. From a source checkout:
 
   {BENCH_INSTALL}

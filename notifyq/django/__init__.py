@@ -18,11 +18,16 @@ transaction::
         order = Order.objects.create(total=42)
         enqueue("send_receipt", {"order": order.pk})   # committed with the order, or never
 
+On Django 6 or later, Django's own tasks (``django.tasks``) run on notifyq too:
+``TASKS = {"default": {"BACKEND": "notifyq.django.TaskBackend"}}`` (:class:`TaskBackend`).
+
 Nothing is read or opened at import: the settings are built, and the process's
 :class:`notifyq.SyncQueue` (:func:`queue`) made, on first use.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from notifyq.django._queue import (
     enqueue,
@@ -34,7 +39,12 @@ from notifyq.django._queue import (
 )
 from notifyq.django._settings import notifyq_settings
 
+if TYPE_CHECKING:
+    from notifyq.django._tasks import JobCancelled, TaskBackend
+
 __all__ = [
+    "JobCancelled",
+    "TaskBackend",
     "enqueue",
     "enqueue_many",
     "enqueue_workflow",
@@ -43,3 +53,22 @@ __all__ = [
     "psycopg_connection",
     "queue",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # TaskBackend needs django.tasks (Django 6): imported when Django's TASKS setting names it,
+    # so that the app keeps working on older Django.
+    if name in ("TaskBackend", "JobCancelled"):
+        try:
+            from notifyq.django import _tasks
+        except ModuleNotFoundError as exc:
+            if exc.name != "django.tasks":
+                raise
+            import django
+
+            raise ImportError(
+                "notifyq.django.TaskBackend runs Django's own tasks (django.tasks), which "
+                f"Django 6.0 added; this is Django {django.get_version()}"
+            ) from exc
+        return getattr(_tasks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -49,12 +49,27 @@ def task_modules(settings: Settings, *, autodiscover: bool) -> list[str]:
 
 
 def django_registry(settings: Settings, *, autodiscover: bool) -> Registry:
-    """What the worker serves: the built-ins, and every task of :func:`task_modules` wrapped
-    in Django's connection rule (the built-ins use no Django connection)."""
-    import_modules(task_modules(settings, autodiscover=autodiscover))
-    registry = worker_registry(contrib=ContribSettings.load())
-    own = set(registered().names())
+    """What the worker serves: the built-ins, and every task of :func:`task_modules` (notifyq's
+    ``@task`` and, on Django 6, Django's own ``@task`` on notifyq's backend) wrapped in
+    Django's connection rule (the built-ins use no Django connection)."""
+    modules = task_modules(settings, autodiscover=autodiscover)
+    import_modules(modules)
+    djangos = Registry(_django_tasks(modules))
+    registry = worker_registry(djangos, contrib=ContribSettings.load())
+    own = {*registered().names(), *djangos.names()}
     return Registry([_with_django_connections(t) if t.name in own else t for t in registry])
+
+
+def _django_tasks(modules: list[str]) -> list[Task]:
+    """The tasks of Django's ``django.tasks`` (Django 6 or later) in ``modules`` that run on
+    notifyq's backend; none on older Django."""
+    try:
+        import django.tasks  # noqa: F401
+    except ImportError:
+        return []
+    from notifyq.django._tasks import django_tasks
+
+    return django_tasks(sys.modules[name] for name in modules)
 
 
 def _with_django_connections(task: Task) -> Task:

@@ -4,10 +4,14 @@ The server is DATABASE_URL's; the database's name comes from SHOP_DATABASE (the 
 makes its own, named by SHOP_TEST_DATABASE, and drops it), so that nothing here ever writes to
 the server's own databases. SHOP_APPLICATION_NAME tells its connections apart in
 pg_stat_activity.
+
+On Django 6 or later, Django's own tasks run on notifyq too (TASKS), and the newsletter app,
+whose tasks are Django's, is installed.
 """
 
 import os
 
+import django
 from psycopg.conninfo import conninfo_to_dict
 
 _server = conninfo_to_dict(os.environ["DATABASE_URL"])
@@ -26,6 +30,14 @@ MIDDLEWARE = [
 USE_TZ = True
 ROOT_URLCONF = "tests.django_project.urls"
 INSTALLED_APPS = ["notifyq.django", "tests.django_project.shop"]
+if django.VERSION >= (6,):
+    INSTALLED_APPS.append("tests.django_project.newsletter")
+    TASKS = {
+        "default": {
+            "BACKEND": "notifyq.django.TaskBackend",
+            "QUEUES": ["default", "mail"],
+        }
+    }
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
