@@ -34,8 +34,8 @@ PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "ded
                     "workflow_id", "trace_context")  # fmt: skip
 #: Tables whose rows a worker (or the API) reads and writes.
 WORKER_TABLES = (
-    "jobs", "jobs_done", "tasks", "queues", "periodic_ticks", "waiting_workers", "watched_jobs",
-    "minute_stats",
+    "jobs", "jobs_done", "claim_floors", "tasks", "queues", "periodic_ticks", "waiting_workers",
+    "watched_jobs", "minute_stats",
 )  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")

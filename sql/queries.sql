@@ -159,6 +159,18 @@ SELECT id FROM notifyq.progress_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::i
 -- name: rescue_expired
 SELECT id, status, counted FROM notifyq.rescue_v3(%(limit)s)
 
+-- The claim floors' two statements (see notifyq.raise_floors_v1 and seal_floors_v1, sql/021):
+-- each in a transaction of its own, the second after the first commits.
+-- name: raise_floors
+SELECT notifyq.raise_floors_v1();
+
+-- name: seal_floors
+SELECT notifyq.seal_floors_v1();
+
+-- The net under the floors (notifyq.mend_floors_v1): answers the floors made or lowered.
+-- name: mend_floors
+SELECT notifyq.mend_floors_v1();
+
 -- name: register_task
 SELECT notifyq.register_task_v1(
     %(name)s, %(max_attempts)s::integer, %(options)s::jsonb, %(breaker_threshold)s::integer,

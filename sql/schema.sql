@@ -529,20 +529,27 @@ BEGIN
     END IF;
 
     FOR r IN
-        SELECT j.id, j.task, j.queue
-        FROM ONLY notifyq.jobs AS j
-        WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
-          AND j.task = ANY(p_tasks)
-          AND (p_queues IS NULL OR j.queue = ANY(p_queues))
-          AND (v_task_room ? j.task OR v_queue_room ? j.queue)
-          AND j.queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
-          AND j.task NOT IN (SELECT name FROM notifyq.tasks
-                             WHERE breaker_open_until IS NOT NULL
-                                OR ((max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
-                                    AND NOT v_task_room ? name))
-        ORDER BY j.priority DESC, j.run_at, j.id
+        SELECT c.id, c.task, c.queue
+        FROM notifyq.claim_floors AS f
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.task, j.queue, j.priority, j.run_at
+            FROM ONLY notifyq.jobs AS j
+            WHERE j.queue = f.queue AND j.priority = f.priority
+              AND (j.run_at, j.id) >= (f.run_at, f.id)
+              AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+              AND j.task = ANY(p_tasks)
+              AND (v_task_room ? j.task OR v_queue_room ? j.queue)
+              AND j.task NOT IN (SELECT name FROM notifyq.tasks
+                                 WHERE breaker_open_until IS NOT NULL
+                                    OR ((max_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+                                        AND NOT v_task_room ? name))
+            ORDER BY j.run_at, j.id
+            LIMIT greatest(p_limit * 4, 100)
+            FOR NO KEY UPDATE SKIP LOCKED) AS c
+        WHERE (p_queues IS NULL OR f.queue = ANY(p_queues))
+          AND f.queue NOT IN (SELECT name FROM notifyq.queues WHERE paused)
+        ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT greatest(p_limit * 4, 100)
-        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         CONTINUE WHEN v_task_room ? r.task AND (v_task_room ->> r.task)::integer <= 0;
         CONTINUE WHEN v_queue_room ? r.queue AND (v_queue_room ->> r.queue)::integer <= 0;
@@ -587,76 +594,63 @@ CREATE FUNCTION notifyq.claim_v4(p_worker_id text, p_tasks text[], p_queues text
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
+DECLARE
+    v_ids uuid[] := ARRAY[]::uuid[];
+    v_left integer := p_limit;
+    v_priority integer;
 BEGIN
-    IF p_queues IS NULL THEN
-        RETURN QUERY
-        UPDATE ONLY notifyq.jobs AS j
-        SET status = 'processing', attempt_count = j.attempt_count + 1, claims = j.claims + 1,
-            started_at = now(), finished_at = NULL, heartbeat_at = NULL, progress = NULL,
-            worker_id = p_worker_id, lease_expires_at = now() + make_interval(secs => p_lease)
-        WHERE j.id = ANY(ARRAY(
+    FOR v_priority IN
+        SELECT DISTINCT f.priority FROM notifyq.claim_floors AS f
+        WHERE p_queues IS NULL OR f.queue = ANY(p_queues)
+        ORDER BY 1 DESC
+    LOOP
+        v_ids := v_ids || ARRAY(
             SELECT c.id
-            FROM ONLY notifyq.jobs AS c
-            WHERE c.status = 'queued' AND NOT c.group_blocked AND c.run_at <= now()
-              AND c.task = ANY(p_tasks)
-              AND (p_probe OR c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                             WHERE t.breaker_open_until IS NOT NULL))
-              AND c.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
-                                  WHERE q.paused OR q.rate_limit IS NOT NULL)
-              AND c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                 WHERE t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL)
-            ORDER BY c.priority DESC, c.run_at, c.id
-            LIMIT p_limit
-            FOR NO KEY UPDATE SKIP LOCKED))
-        RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-                  j.claims, date_part('epoch', j.created_at), date_part('epoch', j.run_at),
-                  CASE WHEN cardinality(j.depends_on) > 0 THEN
-                      (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs_done AS p
-                       WHERE p.id = ANY(j.depends_on))
-                  END,
-                  j.trace_context;
-    ELSE
-        RETURN QUERY
-        UPDATE ONLY notifyq.jobs AS j
-        SET status = 'processing', attempt_count = j.attempt_count + 1, claims = j.claims + 1,
-            started_at = now(), finished_at = NULL, heartbeat_at = NULL, progress = NULL,
-            worker_id = p_worker_id, lease_expires_at = now() + make_interval(secs => p_lease)
-        WHERE j.id = ANY(ARRAY(
-            SELECT c.id
-            FROM (SELECT DISTINCT s.name FROM unnest(p_queues) AS s(name)) AS served
+            FROM notifyq.claim_floors AS f
             CROSS JOIN LATERAL (
-                SELECT c.id, c.priority, c.run_at
-                FROM ONLY notifyq.jobs AS c
-                WHERE c.queue = served.name
-                  AND c.status = 'queued' AND NOT c.group_blocked AND c.run_at <= now()
-                  AND c.task = ANY(p_tasks)
-                  AND (p_probe OR c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                SELECT j.id, j.run_at
+                FROM ONLY notifyq.jobs AS j
+                WHERE j.queue = f.queue AND j.priority = f.priority
+                  AND (j.run_at, j.id) >= (f.run_at, f.id)
+                  AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+                  AND j.task = ANY(p_tasks)
+                  AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
                                                  WHERE t.breaker_open_until IS NOT NULL))
-                  AND c.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
-                                      WHERE q.paused OR q.rate_limit IS NOT NULL)
-                  AND c.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                  AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
                                      WHERE t.max_concurrency IS NOT NULL
                                         OR t.rate_limit IS NOT NULL)
-                ORDER BY c.priority DESC, c.run_at, c.id
-                LIMIT p_limit
+                ORDER BY j.run_at, j.id
+                LIMIT v_left
                 FOR NO KEY UPDATE SKIP LOCKED) AS c
-            ORDER BY c.priority DESC, c.run_at, c.id
-            LIMIT p_limit))
-        RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
-                  j.claims, date_part('epoch', j.created_at), date_part('epoch', j.run_at),
-                  CASE WHEN cardinality(j.depends_on) > 0 THEN
-                      (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs_done AS p
-                       WHERE p.id = ANY(j.depends_on))
-                  END,
-                  j.trace_context;
+            WHERE f.priority = v_priority
+              AND (p_queues IS NULL OR f.queue = ANY(p_queues))
+              AND f.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+                                  WHERE q.paused OR q.rate_limit IS NOT NULL)
+            ORDER BY c.run_at, c.id
+            LIMIT v_left);
+        v_left := p_limit - cardinality(v_ids);
+        EXIT WHEN v_left <= 0;
+    END LOOP;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
     END IF;
+    RETURN QUERY
+    UPDATE ONLY notifyq.jobs AS j
+    SET status = 'processing', attempt_count = j.attempt_count + 1, claims = j.claims + 1,
+        started_at = now(), finished_at = NULL, heartbeat_at = NULL, progress = NULL,
+        worker_id = p_worker_id, lease_expires_at = now() + make_interval(secs => p_lease)
+    WHERE j.id = ANY(v_ids)
+    RETURNING j.id, j.task, j.queue, j.payload, j.priority, j.attempt_count, j.max_attempts,
+              j.claims, date_part('epoch', j.created_at), date_part('epoch', j.run_at),
+              CASE WHEN cardinality(j.depends_on) > 0 THEN
+                  (SELECT jsonb_object_agg(p.id::text, p.result) FROM notifyq.jobs_done AS p
+                   WHERE p.id = ANY(j.depends_on))
+              END,
+              j.trace_context;
     -- Watchers are told of the start (Queue.wait, GET /jobs/{id}/events); none, the usual
     -- case, costs one look at an empty table.
-    IF FOUND AND EXISTS (SELECT 1 FROM notifyq.watched_jobs) THEN
-        PERFORM notifyq.announce_v1(ARRAY(
-            SELECT j.id FROM ONLY notifyq.jobs AS j
-            WHERE j.worker_id = p_worker_id AND j.status = 'processing'
-              AND j.started_at = now()));
+    IF EXISTS (SELECT 1 FROM notifyq.watched_jobs) THEN
+        PERFORM notifyq.announce_v1(v_ids);
     END IF;
 END;
 $$;
@@ -1124,6 +1118,36 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.floor_requeued_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM notifyq.lower_floors_v1(ARRAY[NEW.queue], ARRAY[NEW.priority], ARRAY[NEW.run_at]);
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION notifyq.floors_inserted_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_levels record;
+BEGIN
+    SELECT array_agg(l.queue) AS queues, array_agg(l.priority) AS priorities,
+           array_agg(l.run_at) AS run_ats
+    INTO v_levels
+    FROM (SELECT i.queue, i.priority, min(i.run_at) AS run_at FROM inserted AS i
+          WHERE i.status = 'queued' AND NOT i.group_blocked
+          GROUP BY i.queue, i.priority) AS l;
+    IF v_levels.queues IS NOT NULL THEN
+        PERFORM notifyq.lower_floors_v1(v_levels.queues, v_levels.priorities, v_levels.run_ats);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 CREATE FUNCTION notifyq.forget_defaults_v1() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -1227,6 +1251,41 @@ CREATE FUNCTION notifyq.lock_group_v1(p_queue text, p_group_key text) RETURNS vo
     SELECT pg_advisory_xact_lock(1852899331, hashtext(p_queue || chr(31) || p_group_key));
 $$;
 
+CREATE FUNCTION notifyq.lower_floors_v1(p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_queues, p_priorities) AS k(queue, priority)
+               WHERE NOT EXISTS (SELECT 1 FROM notifyq.claim_floors AS f
+                                 WHERE f.queue = k.queue AND f.priority = k.priority)) THEN
+        INSERT INTO notifyq.claim_floors (queue, priority, run_at, id)
+        SELECT k.queue, k.priority, min(k.run_at), '00000000-0000-0000-0000-000000000000'
+        FROM unnest(p_queues, p_priorities, p_run_ats) AS k(queue, priority, run_at)
+        GROUP BY k.queue, k.priority
+        ON CONFLICT (queue, priority) DO NOTHING;
+    END IF;
+    UPDATE notifyq.claim_floors AS f
+    SET run_at = CASE WHEN (f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                      THEN m.run_at ELSE f.run_at END,
+        id = CASE WHEN (f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                  THEN '00000000-0000-0000-0000-000000000000' ELSE f.id END,
+        next_run_at = CASE WHEN (f.next_run_at, f.next_id)
+                                > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                           THEN m.run_at ELSE f.next_run_at END,
+        next_id = CASE WHEN (f.next_run_at, f.next_id)
+                            > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                       THEN '00000000-0000-0000-0000-000000000000' ELSE f.next_id END
+    FROM (SELECT k.queue, k.priority, min(k.run_at) AS run_at
+          FROM unnest(p_queues, p_priorities, p_run_ats) AS k(queue, priority, run_at)
+          GROUP BY k.queue, k.priority) AS m
+    WHERE f.queue = m.queue AND f.priority = m.priority
+      AND ((f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
+           OR (f.next_run_at, f.next_id) > (m.run_at, '00000000-0000-0000-0000-000000000000'));
+END;
+$$;
+
 CREATE FUNCTION notifyq.mark_busy_v1(p_worker_id text) RETURNS void
     LANGUAGE sql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1254,6 +1313,50 @@ BEGIN
     ON CONFLICT (worker_id) DO UPDATE
     SET queues = EXCLUDED.queues, expires_at = EXCLUDED.expires_at;
     RETURN v_locked;
+END;
+$$;
+
+CREATE FUNCTION notifyq.mend_floors_v1() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_found record;
+    v_mended integer;
+BEGIN
+    WITH RECURSIVE levels AS (
+        (SELECT j.queue, j.priority, j.run_at FROM ONLY notifyq.jobs AS j
+         WHERE j.status = 'queued' AND NOT j.group_blocked
+         ORDER BY j.queue, j.priority DESC, j.run_at, j.id LIMIT 1)
+        UNION ALL
+        SELECT n.queue, n.priority, n.run_at
+        FROM levels AS l
+        CROSS JOIN LATERAL (
+            -- The next priority of the same queue, else the next queue: two index ranges, the
+            -- second read only when the first has nothing.
+            (SELECT j.queue, j.priority, j.run_at FROM ONLY notifyq.jobs AS j
+             WHERE j.status = 'queued' AND NOT j.group_blocked
+               AND j.queue = l.queue AND j.priority < l.priority
+             ORDER BY j.queue, j.priority DESC, j.run_at, j.id LIMIT 1)
+            UNION ALL
+            (SELECT j.queue, j.priority, j.run_at FROM ONLY notifyq.jobs AS j
+             WHERE j.status = 'queued' AND NOT j.group_blocked AND j.queue > l.queue
+             ORDER BY j.queue, j.priority DESC, j.run_at, j.id LIMIT 1)
+            LIMIT 1) AS n
+    )
+    SELECT array_agg(l.queue) AS queues, array_agg(l.priority) AS priorities,
+           array_agg(l.run_at) AS run_ats,
+           count(*) FILTER (WHERE f.queue IS NULL OR f.run_at > l.run_at) AS below
+    INTO v_found
+    FROM levels AS l
+    LEFT JOIN notifyq.claim_floors AS f ON f.queue = l.queue AND f.priority = l.priority;
+    v_mended := coalesce(v_found.below, 0)::integer;
+    IF v_mended > 0 THEN
+        PERFORM notifyq.lower_floors_v1(v_found.queues, v_found.priorities, v_found.run_ats);
+    END IF;
+    RETURN v_mended;
 END;
 $$;
 
@@ -1429,6 +1532,70 @@ BEGIN
                  FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
+END;
+$$;
+
+CREATE FUNCTION notifyq.raise_floors_v1() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_raised integer;
+BEGIN
+    WITH due AS (
+        SELECT f.queue, f.priority, f.run_at, f.id, f.next_run_at, f.next_id,
+               CASE WHEN c.run_at IS NOT NULL AND (c.run_at, c.id) < (f.next_run_at, f.next_id)
+                    THEN c.run_at ELSE f.next_run_at END AS new_run_at,
+               CASE WHEN c.run_at IS NOT NULL AND (c.run_at, c.id) < (f.next_run_at, f.next_id)
+                    THEN c.id ELSE f.next_id END AS new_id
+        FROM notifyq.claim_floors AS f
+        LEFT JOIN LATERAL (
+            SELECT j.run_at, j.id FROM ONLY notifyq.jobs AS j
+            WHERE j.queue = f.queue AND j.priority = f.priority
+              AND j.status = 'queued' AND NOT j.group_blocked
+              AND (j.run_at, j.id) >= (f.run_at, f.id)
+            ORDER BY j.run_at, j.id
+            LIMIT 1) AS c ON true
+        WHERE f.next_after IS NOT NULL
+          AND f.next_after <= pg_snapshot_xmin(pg_current_snapshot())
+    )
+    UPDATE notifyq.claim_floors AS f
+    SET run_at = d.new_run_at, id = d.new_id,
+        next_run_at = NULL, next_id = NULL, next_after = NULL
+    FROM due AS d
+    WHERE f.queue = d.queue AND f.priority = d.priority
+      AND f.run_at = d.run_at AND f.id = d.id
+      AND f.next_run_at = d.next_run_at AND f.next_id = d.next_id
+      AND (d.new_run_at, d.new_id) >= (f.run_at, f.id);
+    GET DIAGNOSTICS v_raised = ROW_COUNT;
+
+    WITH proposed AS (
+        SELECT f.queue, f.priority, f.run_at, f.id,
+               CASE WHEN c.run_at IS NOT NULL
+                         AND (c.run_at, c.id) < (now(), '00000000-0000-0000-0000-000000000000')
+                    THEN c.run_at ELSE now() END AS next_run_at,
+               CASE WHEN c.run_at IS NOT NULL
+                         AND (c.run_at, c.id) < (now(), '00000000-0000-0000-0000-000000000000')
+                    THEN c.id ELSE '00000000-0000-0000-0000-000000000000'::uuid END AS next_id
+        FROM notifyq.claim_floors AS f
+        LEFT JOIN LATERAL (
+            SELECT j.run_at, j.id FROM ONLY notifyq.jobs AS j
+            WHERE j.queue = f.queue AND j.priority = f.priority
+              AND j.status = 'queued' AND NOT j.group_blocked
+              AND (j.run_at, j.id) >= (f.run_at, f.id)
+            ORDER BY j.run_at, j.id
+            LIMIT 1) AS c ON true
+        WHERE f.next_run_at IS NULL
+    )
+    UPDATE notifyq.claim_floors AS f
+    SET next_run_at = p.next_run_at, next_id = p.next_id, next_after = NULL
+    FROM proposed AS p
+    WHERE f.queue = p.queue AND f.priority = p.priority
+      AND f.run_at = p.run_at AND f.id = p.id AND f.next_run_at IS NULL
+      AND (p.next_run_at, p.next_id) > (f.run_at, f.id);
+    RETURN v_raised;
 END;
 $$;
 
@@ -1812,6 +1979,19 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.seal_floors_v1() RETURNS integer
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH sealed AS (
+        UPDATE notifyq.claim_floors
+        SET next_after = pg_snapshot_xmax(pg_current_snapshot())
+        WHERE next_run_at IS NOT NULL AND next_after IS NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM sealed;
+$$;
+
 CREATE FUNCTION notifyq.settle_v1(p_ids uuid[], p_queues text[], p_group_keys text[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2094,14 +2274,25 @@ BEGIN
 END;
 $$;
 
+SET default_table_access_method = heap;
+
+CREATE TABLE notifyq.claim_floors (
+    queue text NOT NULL,
+    priority integer NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id uuid NOT NULL,
+    next_run_at timestamp with time zone,
+    next_id uuid,
+    next_after xid8
+)
+WITH (fillfactor='50');
+
 CREATE SEQUENCE notifyq.group_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
     NO MAXVALUE
     CACHE 1;
-
-SET default_table_access_method = heap;
 
 CREATE TABLE notifyq.jobs (
     id uuid DEFAULT notifyq.uuid_v7() NOT NULL,
@@ -2253,6 +2444,9 @@ CREATE UNLOGGED TABLE notifyq.watched_jobs (
     expires_at timestamp with time zone NOT NULL
 );
 
+ALTER TABLE ONLY notifyq.claim_floors
+    ADD CONSTRAINT claim_floors_pkey PRIMARY KEY (queue, priority);
+
 ALTER TABLE ONLY notifyq.jobs_done
     ADD CONSTRAINT jobs_done_pkey PRIMARY KEY (id);
 
@@ -2290,8 +2484,6 @@ CREATE INDEX jobs_archive_id_idx ON ONLY notifyq.jobs_archive USING btree (id);
 
 CREATE INDEX jobs_archive_workflow_idx ON ONLY notifyq.jobs_archive USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
-CREATE INDEX jobs_claim_idx ON notifyq.jobs USING btree (priority DESC, run_at, id) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
-
 CREATE INDEX jobs_deferred_idx ON notifyq.jobs USING btree (run_at) WHERE ((status = 'queued'::text) AND (NOT group_blocked) AND (run_at > created_at));
 
 CREATE INDEX jobs_dependents_idx ON notifyq.jobs USING gin (depends_on) WITH (fastupdate=off) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (depends_on <> '{}'::uuid[]));
@@ -2319,6 +2511,10 @@ CREATE TRIGGER jobs_accept BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((ne
 CREATE TRIGGER jobs_check BEFORE INSERT OR UPDATE OF task, queue, payload, priority, run_at, max_attempts, dedup_key, created_at, depends_on, workflow_id, group_key, trace_context, ref ON notifyq.jobs FOR EACH ROW WHEN ((NOT (((length(new.task) >= 1) AND (length(new.task) <= 200)) AND ((length(new.queue) >= 1) AND (length(new.queue) <= 200)) AND (jsonb_typeof(new.payload) = 'object'::text) AND (new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])) AND (new.attempt_count >= 0) AND (new.max_attempts >= 1) AND (new.claims >= 0) AND (new.lost_count >= 0) AND (cardinality(new.depends_on) <= 1000) AND ((new.group_key IS NULL) OR ((length(new.group_key) >= 1) AND (length(new.group_key) <= 512))) AND ((new.progress IS NULL) OR (jsonb_typeof(new.progress) = 'object'::text)) AND ((new.trace_context IS NULL) OR ((jsonb_typeof(new.trace_context) = 'object'::text) AND (octet_length((new.trace_context)::text) <= 1024))) AND ((new.ref IS NULL) OR ((new.workflow_id IS NOT NULL) AND ((char_length(new.ref) >= 1) AND (char_length(new.ref) <= 200)))) AND ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.started_at IS NULL) OR ((new.started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.finished_at IS NULL) OR ((new.finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.lease_expires_at IS NULL) OR ((new.lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.heartbeat_at IS NULL) OR ((new.heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.cancel_requested_at IS NULL) OR ((new.cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)))))) EXECUTE FUNCTION notifyq.refuse_row_v1();
 
 CREATE TRIGGER jobs_done_refuse_revival BEFORE UPDATE OF status ON notifyq.jobs_done FOR EACH ROW WHEN ((new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text]))) EXECUTE FUNCTION notifyq.refuse_status_v1();
+
+CREATE TRIGGER jobs_floor AFTER UPDATE OF status, queue, priority, run_at, group_blocked ON notifyq.jobs FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (NOT new.group_blocked) AND ((old.status <> 'queued'::text) OR old.group_blocked OR (old.queue <> new.queue) OR (old.priority <> new.priority) OR (new.run_at < old.run_at)))) EXECUTE FUNCTION notifyq.floor_requeued_v1();
+
+CREATE TRIGGER jobs_floors AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.floors_inserted_v1();
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.notify_inserted_v2();
 

@@ -80,8 +80,6 @@ ALTER TABLE bench.jobs ADD COLUMN ref text;
 -- inserts nothing but plain jobs, so it has neither. The statuses each table holds stay CHECKs.
 ALTER TABLE ONLY bench.jobs ADD CONSTRAINT jobs_live_statuses
     CHECK (status IN ('waiting', 'queued', 'processing')) NO INHERIT;
-CREATE INDEX ON bench.jobs (priority DESC, run_at, id)
-    WHERE status = 'queued' AND NOT group_blocked;
 CREATE INDEX ON bench.jobs (run_at)
     WHERE status = 'queued' AND NOT group_blocked AND run_at > created_at;
 CREATE INDEX ON bench.jobs (queue, priority DESC, run_at, id)
@@ -132,7 +130,7 @@ WITH done AS (
     FROM done
 ), picked AS (
     SELECT id FROM ONLY bench.jobs
-    WHERE status = 'queued' AND NOT group_blocked AND run_at <= now()
+    WHERE queue = 'default' AND status = 'queued' AND NOT group_blocked AND run_at <= now()
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -24,6 +24,19 @@ class Upkeep(Runner):
         have none."""
         return await self._all("rescue_expired", {"limit": limit}, _RESCUED, what="rescuing jobs")
 
+    async def raise_floors(self) -> int:
+        """One pass of the claim floors (sql/021): applies the raises proposed and sealed by the
+        last pass whose transactions have ended, proposes the next ones, then seals them in a
+        transaction of its own. Answers the floors raised."""
+        raised = await self._value("raise_floors", None, what="raising the claim floors")
+        await self._value("seal_floors", None, what="sealing the claim floors")
+        return int(raised or 0)
+
+    async def mend_floors(self) -> int:
+        """The net under the claim floors (sql/021): every queue's first claimable job, its
+        floor lowered to it (or made) where it is above. Answers the floors mended."""
+        return int(await self._value("mend_floors", None, what="mending the claim floors") or 0)
+
     async def mark_waiting(self, worker_id: str, queues: Sequence[str] | None, ttl: float) -> bool:
         """Registers a worker as waiting; True when the registration waited for in-flight
         inserts (so a claim right after it sees them all)."""

@@ -31,6 +31,7 @@ from notifyq.store import Store
 from notifyq.tasks import Registry, Task
 from notifyq.tracing import tracing
 from notifyq.worker._executor import Executor
+from notifyq.worker._floors import FloorRaiser
 from notifyq.worker._heartbeat import Heartbeat
 from notifyq.worker._leadership import Leadership
 from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
@@ -287,6 +288,7 @@ class Worker:
                 signals=self.signals, leadership=lead,
             ).run,
             Retention(store, s, lead).run,
+            FloorRaiser(store, lead).run,
         ]  # fmt: skip
         if any(task.cron for task in self.registry):
             services.append(PeriodicEnqueuer(store, list(self.registry)).run)
