@@ -9,6 +9,7 @@ page asks for the token and sends it with every call it makes.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,8 @@ import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.staticfiles import PathLike
+from starlette.types import Scope
 
 from notifyq._version import __version__
 from notifyq.api.deps import MetricsDep, ScrapeLockDep, SettingsDep, StoreDep, SupervisorDep
@@ -174,9 +177,30 @@ async def dashboard() -> FileResponse:
     return FileResponse(STATIC / "dashboard.html", headers=_DASHBOARD_HEADERS)
 
 
+class _DashboardFiles(StaticFiles):
+    """The dashboard's folder. A script goes out as text/javascript whatever the host's table
+    of types says (a browser refuses a module of another type, and some hosts map .js to
+    text/plain). Every file is sent with no-cache: the page's modules must all come from the
+    same version after an upgrade, so the browser asks each time, and the ETag makes that a
+    304."""
+
+    def file_response(
+        self,
+        full_path: PathLike,
+        stat_result: os.stat_result,
+        scope: Scope,
+        status_code: int = 200,
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        if response.status_code != 304 and os.fspath(full_path).endswith(".js"):
+            response.headers["Content-Type"] = "text/javascript; charset=utf-8"
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
 def add_dashboard(app: FastAPI) -> None:
     """Adds the dashboard's page and its assets to ``app`` itself, not through a router:
     ``include_router`` leaves out what is mounted on a router, so the folder must be mounted
     on the app."""
     app.add_api_route("/dashboard", dashboard, include_in_schema=False)
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount("/static", _DashboardFiles(directory=STATIC), name="static")
