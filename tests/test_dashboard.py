@@ -33,6 +33,7 @@ from pydantic import SecretStr
 
 from notifyq.api import application as api_module
 from notifyq.api import create_app
+from notifyq.api.routes.ops import DASHBOARD_MODULES
 from notifyq.context import JobContext
 from notifyq.settings import Settings
 from notifyq.tasks import Registry
@@ -66,12 +67,14 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-#: What /dashboard is served with: the page loads its script and style from the app only.
+#: What /dashboard is served with: the page loads its scripts and style from the app only.
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-DASHBOARD_PATHS = frozenset({"/dashboard", "/static/dashboard.js", "/static/dashboard.css"})
+DASHBOARD_PATHS = frozenset(
+    {"/dashboard", "/static/dashboard.css", *(f"/static/dashboard/{m}" for m in DASHBOARD_MODULES)}
+)
 TIMEOUT = 15_000  # ms, for every wait on the page
 QUEUES = ("default", "emails", "reports")
 

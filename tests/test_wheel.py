@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from notifyq.api.routes.ops import DASHBOARD_MODULES
 from tests.helpers import ROOT
 
 pytest.importorskip("hatchling", reason="the dev extra installs the build backend")
@@ -87,7 +88,11 @@ def test_the_wheel_holds_the_package_its_sql_and_its_static_files_and_nothing_el
     assert sorted(
         n.removeprefix("notifyq/sql/") for n in names if n.startswith("notifyq/sql/")
     ) == (migrations)
-    for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):
+    for asset in (
+        "dashboard.html",
+        "dashboard.css",
+        *(f"dashboard/{m}" for m in DASHBOARD_MODULES),
+    ):
         assert f"notifyq/static/{asset}" in names, asset
     assert "notifyq/py.typed" in names
     assert "notifyq/django/migrations/0001_schema.py" in names

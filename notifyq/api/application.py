@@ -72,8 +72,8 @@ OPEN_PATHS = frozenset(
         "/openapi.json",
         *(f"{DOCS_ASSETS}/{name}" for name in DOCS_FILES),
         "/dashboard",
-        "/static/dashboard.js",
         "/static/dashboard.css",
+        *(f"/static/dashboard/{name}" for name in ops.DASHBOARD_MODULES),
     }
 )
 

@@ -36,7 +36,30 @@ HEALTH_TIMEOUT = 2.0
 #: Queue depth is read from the database at most this often, however often /metrics is scraped.
 DEPTH_MAX_AGE = 2.0
 STATIC = Path(__file__).resolve().parent.parent.parent / "static"
-#: The dashboard runs only its own script and talks only to this API.
+#: The dashboard's script: ES modules in static/dashboard/, loaded by main.js (the test of the
+#: dashboard's modules checks this list against the folder).
+DASHBOARD_MODULES = (
+    "api.js",
+    "bulk.js",
+    "charts.js",
+    "cron.js",
+    "detail.js",
+    "dom.js",
+    "format.js",
+    "jobs.js",
+    "main.js",
+    "messages.js",
+    "poll.js",
+    "queues.js",
+    "router.js",
+    "scheduled.js",
+    "state.js",
+    "stream.js",
+    "workers.js",
+    "workflow.js",
+)
+#: The dashboard runs only its own scripts (its modules, from this app) and talks only to this
+#: API.
 _DASHBOARD_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
