@@ -33,6 +33,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobNotFound",
+    "JobOptions",
     "JobSpec",
     "JobStatus",
     "MigrationError",
@@ -71,7 +72,8 @@ if TYPE_CHECKING:
         Snooze,
         TaskError,
     )
-    from notifyq.models import EnqueueResult, Job, JobSpec, JobStatus
+    from notifyq.jobspec import JobOptions, JobSpec
+    from notifyq.models import EnqueueResult, Job, JobStatus
     from notifyq.retry import Backoff, CircuitBreaker
     from notifyq.settings import Settings
     from notifyq.sync_client import SyncQueue
@@ -93,7 +95,8 @@ _LOCATIONS = {
     "current_job": "notifyq.context",
     "EnqueueResult": "notifyq.models",
     "Job": "notifyq.models",
-    "JobSpec": "notifyq.models",
+    "JobOptions": "notifyq.jobspec",
+    "JobSpec": "notifyq.jobspec",
     "JobStatus": "notifyq.models",
     "WorkflowResult": "notifyq.workflows",
     "chain": "notifyq.workflows",

@@ -33,7 +33,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from notifyq._version import __version__
-from notifyq.models import ClaimedJob, EnqueueResult, JobSpec
+from notifyq.jobspec import JobSpec
+from notifyq.models import ClaimedJob, EnqueueResult
 from notifyq.tracing import MAX_TRACESTATE, Processing, Sending, Tracing, stored_carrier
 
 __all__ = ["OtelTracing"]

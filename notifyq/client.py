@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import anyio
@@ -20,27 +19,18 @@ from psycopg_pool import AsyncConnectionPool
 
 from notifyq.bootstrap import require_database
 from notifyq.db import connect_kwargs, listen_url, open_pool
-from notifyq.errors import InvalidJob, JobNotFound, NotifyQError
-from notifyq.models import EnqueueResult, Job, JobSpec
+from notifyq.errors import JobNotFound, NotifyQError
+from notifyq.jobspec import JobOptions, JobSpec
+from notifyq.models import EnqueueResult, Job, job_id_of
 from notifyq.notifier import JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tracing import tracing
 from notifyq.watching import JobWatcher
-from notifyq.workflows import Part, Workflow, WorkflowResult, chain, plan
+from notifyq.workflows import Part, Workflow, WorkflowResult, chain, mapping_spec, plan
 
-_SPEC_KEYS = {
-    "task",
-    "payload",
-    "queue",
-    "priority",
-    "run_at",
-    "delay",
-    "dedup_key",
-    "max_attempts",
-    "depends_on",
-    "group_key",
-}
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class Queue:
@@ -110,15 +100,8 @@ class Queue:
         task: str,
         payload: Mapping[str, Any] | None = None,
         *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        dedup_key: str | None = None,
-        max_attempts: int | None = None,
-        depends_on: Iterable[UUID | str] | None = None,
-        group_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[JobOptions],
     ) -> EnqueueResult:
         """Enqueues one job and answers its id, status and whether it was a duplicate. A None
         ``queue`` or ``priority`` takes the task's own default (else "default" and 0).
@@ -127,20 +110,10 @@ class Queue:
         completed, then queued at once; ``cancelled`` if one of them fails or is cancelled.
         Jobs of one ``(queue, group_key)`` run one at a time, in the order they were enqueued.
 
-        Raises :class:`~notifyq.errors.InvalidJob` for a malformed job, and
+        ``options`` are those of :class:`~notifyq.jobspec.JobOptions`. Raises
+        :class:`~notifyq.errors.InvalidJob` for a malformed job, and
         :class:`~notifyq.errors.RefusedInput` when ``depends_on`` names an unknown job."""
-        spec = JobSpec.create(
-            task,
-            payload,
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            dedup_key=dedup_key,
-            max_attempts=max_attempts,
-            depends_on=depends_on,
-            group_key=group_key,
-        )
+        spec = JobSpec.create(task, payload, **options)
         return await self.store.enqueue(spec, conn=conn)
 
     async def enqueue_many(
@@ -154,7 +127,7 @@ class Queue:
         the keys of :meth:`enqueue`."""
         # Built as the store takes them: a large batch's first jobs are inserted while the
         # rest are still being checked. An invalid one stores none.
-        specs = (job if isinstance(job, JobSpec) else _spec_from_mapping(job) for job in jobs)
+        specs = (job if isinstance(job, JobSpec) else JobSpec.of(job) for job in jobs)
         return await self.store.enqueue_many(specs, conn=conn)
 
     async def enqueue_workflow(
@@ -173,13 +146,13 @@ class Queue:
         unknown ref, a cycle, or a malformed job."""
         if isinstance(jobs, Part):
             jobs = (jobs if isinstance(jobs, Workflow) else chain(jobs)).jobs()
-        planned = plan(list(jobs), _workflow_spec)
+        planned = plan(list(jobs), mapping_spec)
         await self.store.enqueue_many(planned.specs, conn=conn)
         return WorkflowResult(planned.workflow_id, planned.ids)
 
     async def get(self, job_id: UUID | str) -> Job | None:
         """The job, or None when no job has that id."""
-        return await self.store.get_job(_as_uuid(job_id))
+        return await self.store.get_job(job_id_of(job_id))
 
     async def wait(self, job_id: UUID | str, *, timeout: float = 30.0) -> Job:  # noqa: ASYNC109
         """Waits until the job is completed, failed or cancelled and answers it. Woken by a
@@ -187,7 +160,7 @@ class Queue:
         connection), not by polling.
 
         Raises TimeoutError after ``timeout`` seconds and JobNotFound for an unknown id."""
-        job_uuid = _as_uuid(job_id)
+        job_uuid = job_id_of(job_id)
         deadline = anyio.current_time() + timeout
         # One look first, outside the deadline (the statement timeout bounds it): a job that has
         # ended is answered even with timeout=0.
@@ -244,46 +217,3 @@ class Queue:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, NotifyQError):
                 await task
-
-
-def _as_uuid(job_id: UUID | str) -> UUID:
-    if isinstance(job_id, UUID):
-        return job_id
-    try:
-        return UUID(str(job_id))
-    except ValueError:
-        raise InvalidJob(f"{job_id!r} is not a job id (a UUID)") from None
-
-
-def _spec_from_mapping(job: Mapping[str, Any], **given: Any) -> JobSpec:
-    unknown = set(job) - _SPEC_KEYS
-    if unknown:
-        raise InvalidJob(f"unknown job field(s): {', '.join(sorted(unknown))}")
-    if "task" not in job:
-        raise InvalidJob("each job needs a task")
-    options = {"depends_on": job.get("depends_on"), "group_key": job.get("group_key")}
-    return JobSpec.create(
-        job["task"],
-        job.get("payload"),
-        queue=job.get("queue"),
-        priority=job.get("priority"),
-        run_at=job.get("run_at"),
-        delay=job.get("delay"),
-        dedup_key=job.get("dedup_key"),
-        max_attempts=job.get("max_attempts"),
-        **(options | given),
-    )
-
-
-def _workflow_spec(
-    index: int, job: Mapping[str, Any], depends_on: list[UUID], workflow_id: UUID, job_id: UUID
-) -> JobSpec:
-    """The spec of the workflow's job at ``index``: a job mapping, without a dedup_key (a
-    duplicate would leave the workflow's other jobs naming a job that is not theirs)."""
-    if job.get("dedup_key") is not None:
-        raise InvalidJob(f"jobs[{index}]: a job of a workflow cannot have a dedup_key")
-    fields = {key: value for key, value in job.items() if key != "ref"}
-    try:
-        return _spec_from_mapping(fields, depends_on=depends_on, workflow_id=workflow_id, id=job_id)
-    except InvalidJob as exc:
-        raise InvalidJob(f"jobs[{index}] (ref {job.get('ref')!r}): {exc}") from None

@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 from uuid import UUID
@@ -128,121 +128,14 @@ class EnqueueResult:
         return cls(job_id, JobStatus(status), duplicate, run_at, created_at)
 
 
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """A job to enqueue. Build it with :meth:`create`, which validates every field.
-
-    ``task`` may be None: the database then takes ``payload.task`` or its default task; a None
-    ``queue`` or ``priority`` takes the task's registered default (else "default" and 0).
-    ``payload_json`` is the payload already encoded, checked for what PostgreSQL's jsonb refuses.
-    """
-
-    task: str | None
-    payload_json: str
-    queue: str | None = None
-    priority: int | None = None
-    run_at: datetime | None = None
-    delay: float | None = None
-    dedup_key: str | None = None
-    max_attempts: int | None = None
-    payload: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    #: The jobs it waits for, without repeats.
-    depends_on: tuple[UUID, ...] = ()
-    group_key: str | None = None
-    workflow_id: UUID | None = None
-    #: The job's own id, when the caller chose it (the jobs of a workflow name each other).
-    id: UUID | None = None
-    #: Its name in its workflow, set by :func:`notifyq.workflows.plan` and stored by
-    #: ``enqueue_many`` (which every workflow goes through).
-    ref: str | None = None
-
-    @property
-    def plain(self) -> bool:
-        """Whether a plain INSERT stores it: no duplicate to look for, its task known, and none
-        of the columns of dependencies, groups and workflows."""
-        return (
-            self.dedup_key is None
-            and self.task is not None
-            and not self.depends_on
-            and self.group_key is None
-            and self.workflow_id is None
-            and self.id is None
-            and self.ref is None
-        )
-
-    @classmethod
-    def create(
-        cls,
-        task: str | None,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        delay: float | timedelta | None = None,
-        dedup_key: str | None = None,
-        max_attempts: int | None = None,
-        depends_on: Iterable[UUID | str] | None = None,
-        group_key: str | None = None,
-        workflow_id: UUID | None = None,
-        id: UUID | None = None,
-    ) -> JobSpec:
-        """Validates every field and encodes the payload; InvalidJob says what is wrong."""
-        payload = {} if payload is None else payload
-        if not isinstance(payload, Mapping):
-            raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
-        if task is not None:
-            check_name("task", task)
-        if queue is not None:
-            check_name("queue", queue)
-        if priority is not None:
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                raise InvalidJob("priority must be an integer")
-            if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-                raise InvalidJob("priority must fit in 32 bits")
-        if run_at is not None and delay is not None:
-            raise InvalidJob("give run_at or delay, not both")
-        if isinstance(delay, timedelta):
-            delay = delay.total_seconds()
-        if delay is not None:
-            delay = check_delay(delay)
-        if run_at is not None:
-            run_at = check_run_at(run_at)
-        if task is None and isinstance(payload.get("task"), str):
-            check_name("payload.task", payload["task"])
-        if dedup_key is not None:
-            if not isinstance(dedup_key, str) or not dedup_key:
-                raise InvalidJob("dedup_key must be a non-empty string")
-            if len(dedup_key) > MAX_DEDUP_KEY_LENGTH:
-                raise InvalidJob(f"dedup_key is longer than {MAX_DEDUP_KEY_LENGTH} characters")
-            check_text("dedup_key", dedup_key)
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
-        ):
-            raise InvalidJob(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
-        if group_key is not None:
-            if not isinstance(group_key, str) or not group_key:
-                raise InvalidJob("group_key must be a non-empty string")
-            if len(group_key) > MAX_GROUP_KEY_LENGTH:
-                raise InvalidJob(f"group_key is longer than {MAX_GROUP_KEY_LENGTH} characters")
-            check_text("group_key", group_key)
-        return cls(
-            task=task,
-            payload_json=encode_json(payload, what="payload"),
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            dedup_key=dedup_key,
-            max_attempts=max_attempts,
-            payload=payload,
-            depends_on=() if depends_on is None else check_job_ids("depends_on", depends_on),
-            group_key=group_key,
-            workflow_id=workflow_id,
-            id=id,
-        )
+def job_id_of(job_id: UUID | str) -> UUID:
+    """A job id given as a UUID or its text; InvalidJob when it is neither."""
+    if isinstance(job_id, UUID):
+        return job_id
+    try:
+        return UUID(str(job_id))
+    except ValueError:
+        raise InvalidJob(f"{job_id!r} is not a job id (a UUID)") from None
 
 
 def check_job_ids(what: str, ids: Iterable[UUID | str]) -> tuple[UUID, ...]:

@@ -25,7 +25,8 @@ from notifyq.errors import ConfigurationError
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from notifyq.models import ClaimedJob, EnqueueResult, JobSpec
+    from notifyq.jobspec import JobSpec
+    from notifyq.models import ClaimedJob, EnqueueResult
     from notifyq.settings import Settings
 
 __all__ = [

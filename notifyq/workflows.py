@@ -32,7 +32,8 @@ from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from notifyq.errors import InvalidJob
-from notifyq.models import MAX_NAME_LENGTH, Job, JobSpec, JobStatus, check_text
+from notifyq.jobspec import JobSpec, options
+from notifyq.models import MAX_NAME_LENGTH, Job, JobStatus, check_text
 
 __all__ = [
     "MAX_WORKFLOW_JOBS",
@@ -56,21 +57,10 @@ MAX_WORKFLOW_JOBS = 1000
 #: A workflow's overall status (see :func:`workflow_status`).
 WorkflowStatus = Literal["running", "completed", "failed", "cancelled"]
 
-#: The keys of one job of a workflow (those of Queue.enqueue, and its ref).
-JOB_KEYS = frozenset(
-    {
-        "ref",
-        "task",
-        "payload",
-        "queue",
-        "priority",
-        "run_at",
-        "delay",
-        "max_attempts",
-        "depends_on",
-        "group_key",
-    }
-)
+
+def job_keys() -> frozenset[str]:
+    """The keys of one job of a workflow: those of Queue.enqueue, and its ref."""
+    return frozenset({"ref", "task", "payload", *options()})
 
 
 @dataclass(frozen=True)
@@ -395,7 +385,7 @@ def step(
     (``queue``, ``priority``, ``delay``, ``run_at``, ``max_attempts``, ``group_key``, and
     ``depends_on`` for ids of jobs already stored). ``ref`` names it; by default its task and
     its position."""
-    unknown = set(options) - JOB_KEYS
+    unknown = set(options) - job_keys()
     if unknown:
         raise InvalidJob(f"step(): unknown option(s) {', '.join(sorted(unknown))}")
     return Step(task, payload, options, ref)
@@ -417,3 +407,18 @@ def chord(header: Sequence[Part] | Workflow, body: Part) -> Workflow:
     completed, and reads their results in ``ctx.dependencies``."""
     parts = header if isinstance(header, Workflow) else _Group(list(header))
     return _Chain([parts, body])
+
+
+def mapping_spec(
+    index: int, job: Mapping[str, Any], depends_on: list[UUID], workflow_id: UUID, job_id: UUID
+) -> JobSpec:
+    """The :class:`MakeSpec` of the Python clients: the spec of the workflow's job at
+    ``index``, given as a mapping, without a dedup_key (a duplicate would leave the workflow's
+    other jobs naming a job that is not theirs)."""
+    if job.get("dedup_key") is not None:
+        raise InvalidJob(f"jobs[{index}]: a job of a workflow cannot have a dedup_key")
+    fields = {key: value for key, value in job.items() if key != "ref"}
+    try:
+        return JobSpec.of(fields, depends_on=depends_on, workflow_id=workflow_id, id=job_id)
+    except InvalidJob as exc:
+        raise InvalidJob(f"jobs[{index}] (ref {job.get('ref')!r}): {exc}") from None

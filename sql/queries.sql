@@ -30,8 +30,8 @@ WITH input AS MATERIALIZED (
     SELECT notifyq.uuid_v7() AS id, u.*
     -- ROWS FROM: a qualified unnest() takes one array (the many-array form is syntax).
     FROM ROWS FROM (pg_catalog.unnest(%(payloads)b::jsonb[]),
-                    pg_catalog.unnest(%(run_ats)b::timestamptz[]),
-                    pg_catalog.unnest(%(delays)b::float8[])) WITH ORDINALITY
+                    pg_catalog.unnest(%(run_at)b::timestamptz[]),
+                    pg_catalog.unnest(%(delay)b::float8[])) WITH ORDINALITY
          AS u(payload, run_at, delay, ord)
 ), inserted AS (
     INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
@@ -40,8 +40,8 @@ WITH input AS MATERIALIZED (
                     pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(i.delay, 0))),
            d.max_attempts
     FROM input AS i
-    JOIN notifyq.job_defaults_v1(%(tasks)b::text[], NULL, %(queues)b::text[],
-                                 %(priorities)b::integer[], %(max_attempts)b::integer[],
+    JOIN notifyq.job_defaults_v1(%(tasks)b::text[], NULL, %(queue)b::text[],
+                                 %(priority)b::integer[], %(max_attempts)b::integer[],
                                  %(fallback)s::integer) AS d ON d.ord = i.ord
     RETURNING 1
 )
@@ -65,10 +65,10 @@ FROM notifyq.enqueue_v4(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
 FROM notifyq.enqueue_many_v5(
-    %(tasks)b::text[], %(payloads)b::jsonb[], %(queues)b::text[], %(priorities)b::integer[],
-    %(run_ats)b::timestamptz[], %(delays)b::float8[], %(dedup_keys)b::text[],
+    %(tasks)b::text[], %(payloads)b::jsonb[], %(queue)b::text[], %(priority)b::integer[],
+    %(run_at)b::timestamptz[], %(delay)b::float8[], %(dedup_key)b::text[],
     %(max_attempts)b::integer[], %(fallback)s::integer, %(depends_on)b::text[],
-    %(group_keys)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[],
+    %(group_key)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[],
     %(trace_context)s::jsonb, %(refs)b::text[])
 ORDER BY ord
 

@@ -172,8 +172,8 @@ def test_wait_prints_the_final_job_and_exits_zero_only_if_it_completed(db_url: s
         (["status", "00000000-0000-0000-0000-000000000000"], "no job with id"),
         (["retry"], "name JOB_IDs"),
         (["cancel", "00000000-0000-0000-0000-000000000000"], "could not be cancelled"),
-        (["enqueue", "echo", "--depends-on", "nope"], "'nope' is not a job id"),
-        (["enqueue", "echo", "--depends-on", f"{uuid.UUID(int=1)},"], "'' is not a job id"),
+        (["enqueue", "echo", "--depends-on", "nope"], "is not a job id (a UUID): 'nope'"),
+        (["enqueue", "echo", "--depends-on", f"{uuid.UUID(int=1)},"], "is not a job id (a UUID): ''"),
         (
             ["enqueue", "echo", "--depends-on", str(uuid.UUID(int=7))],
             f"do not exist: {uuid.UUID(int=7)}",

@@ -26,7 +26,8 @@ from starlette.requests import ClientDisconnect
 from notifyq.api.deps import metrics_of, settings_of, store_of
 from notifyq.api.schemas import BatchIn, BatchOut, EnqueuedOut, ErrorOut, JobIn
 from notifyq.errors import InvalidJob
-from notifyq.models import EnqueueResult, JobSpec
+from notifyq.jobspec import JobSpec
+from notifyq.models import EnqueueResult
 
 Body = TypeVar("Body", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]

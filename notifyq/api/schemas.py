@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from notifyq.jobspec import JobSpec, options
 from notifyq.models import (
-    MAX_ATTEMPTS_LIMIT,
-    MAX_DEDUP_KEY_LENGTH,
-    MAX_DELAY_SECONDS,
     MAX_DEPENDENCIES,
     MAX_GROUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
-    PRIORITY_RANGE,
     Job,
-    JobSpec,
     JobStatus,
 )
 from notifyq.workflows import MAX_WORKFLOW_JOBS, WorkflowStatus
@@ -30,8 +26,8 @@ from notifyq.workflows import MAX_WORKFLOW_JOBS, WorkflowStatus
 MAX_BATCH = 10_000
 
 
-class JobIn(BaseModel):
-    """A job to enqueue. Only ``payload`` is required; unknown fields are refused."""
+class _JobBody(BaseModel):
+    """What every job body has besides its options (see :data:`JobIn`)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -55,65 +51,10 @@ class JobIn(BaseModel):
         description="The task to run. Default: payload.task when it is a string, else "
         "NOTIFYQ_DEFAULT_TASK.",
     )
-    queue: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_NAME_LENGTH,
-        strict=True,
-        description="The queue; workers can be limited to some queues. Default: the task's "
-        "queue, else 'default'.",
-    )
-    priority: int | None = Field(
-        default=None,
-        ge=PRIORITY_RANGE[0],
-        le=PRIORITY_RANGE[1],
-        strict=True,
-        description="Higher runs first. Default: the task's priority, else 0.",
-    )
-    run_at: datetime | None = Field(
-        default=None,
-        description="Do not start before this time (ISO 8601; no time zone means UTC). "
-        "Exclusive with delay.",
-    )
-    delay: float | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_DELAY_SECONDS,
-        allow_inf_nan=False,
-        strict=True,
-        description="Do not start before this many seconds from now. Exclusive with run_at.",
-    )
-    max_attempts: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_ATTEMPTS_LIMIT,
-        strict=True,
-        description="Attempts before the job is failed. Default: the task's, else "
-        "NOTIFYQ_MAX_ATTEMPTS.",
-    )
-    dedup_key: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_DEDUP_KEY_LENGTH,
-        strict=True,
-        description="While a queued job of the same queue has this key, a new submission "
-        "replaces its payload, priority, run_at and max_attempts instead of adding a job.",
-    )
-    depends_on: list[UUID] | None = Field(
-        default=None,
-        max_length=MAX_DEPENDENCIES,
-        description="Job ids: the job is 'waiting' until every one of them is completed, then "
-        "queued at once; cancelled if one of them fails or is cancelled. An unknown id is "
-        "refused (422).",
-    )
-    group_key: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_GROUP_KEY_LENGTH,
-        strict=True,
-        description="Jobs of one (queue, group_key) run one at a time, in the order they were "
-        "submitted, across every worker.",
-    )
+
+    if TYPE_CHECKING:
+        # The options' fields, which JobIn adds (mypy sees each as Any).
+        def __getattr__(self, name: str) -> Any: ...
 
     def spec(
         self,
@@ -132,20 +73,27 @@ class JobIn(BaseModel):
         if task is None:
             from_payload = self.payload.get("task")
             task = from_payload if isinstance(from_payload, str) else default_task
-        return JobSpec.create(
-            task,
-            self.payload,
-            queue=self.queue,
-            priority=self.priority,
-            run_at=self.run_at,
-            delay=self.delay,
-            dedup_key=self.dedup_key,
-            max_attempts=self.max_attempts,
-            depends_on=self.depends_on if depends_on is None else depends_on,
-            group_key=self.group_key,
-            workflow_id=workflow_id,
-            id=job_id,
-        )
+        given = {name: getattr(self, name) for name in options()}
+        if depends_on is not None:
+            given["depends_on"] = depends_on
+        return JobSpec.create(task, self.payload, workflow_id=workflow_id, id=job_id, **given)
+
+
+def _option_fields() -> dict[str, Any]:
+    """The fields of :data:`JobIn` made from the job's options (notifyq.jobspec)."""
+    return {
+        name: (option.api, Field(default=None, description=option.doc, **option.bounds))
+        for name, option in options().items()
+    }
+
+
+if TYPE_CHECKING:
+    JobIn = _JobBody
+else:
+    #: A job to enqueue: ``payload``, ``task`` and every option of
+    #: :class:`notifyq.jobspec.JobOptions`. Only ``payload`` is required; unknown fields are
+    #: refused.
+    JobIn = create_model("JobIn", __base__=_JobBody, __doc__=_JobBody.__doc__, **_option_fields())
 
 
 class EnqueuedOut(BaseModel):
@@ -263,7 +211,7 @@ class WorkflowJobIn(JobIn):
     names refs of the same workflow (or ids of stored jobs)."""
 
     ref: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, strict=True)
-    depends_on: list[str] | None = Field(  # type: ignore[assignment]
+    depends_on: list[str] | None = Field(
         default=None,
         max_length=MAX_DEPENDENCIES,
         description="Refs of this workflow's jobs, or ids of jobs already stored.",

@@ -4,7 +4,7 @@ the command line, and what the commands take (with the settings built from them)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from notifyq.grants import Kind
 
@@ -117,14 +117,8 @@ class EnqueueArgs(Arguments):
     task: str
     #: As typed: the command decodes it.
     payload: str
-    queue: str | None
-    priority: int | None
-    delay: float | None
-    dedup_key: str | None
-    max_attempts: int | None
-    #: As typed, one --depends-on each: a job id, or several comma-separated.
-    depends_on: list[str] | None
-    group_key: str | None
+    #: The job's options given as flags (notifyq.jobspec), not checked yet; None when none.
+    options: dict[str, Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,7 @@ from notifyq.cli._errors import EXIT_JOB_FAILED, EXIT_TIMEOUT, Failed
 from notifyq.cli._output import duration, jobs_table, say
 from notifyq.client import Queue
 from notifyq.errors import InvalidJob
+from notifyq.jobspec import JobSpec
 from notifyq.models import Cancelled, EnqueueResult, Job, JobStatus
 from notifyq.settings import Settings
 
@@ -40,11 +41,6 @@ def _job_id(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise InvalidJob(f"{text!r} is not a job id (a UUID)") from None
-
-
-def _job_ids(flags: list[str] | None) -> list[UUID]:
-    """The ids of the --depends-on flags, each one id or several comma-separated."""
-    return [_job_id(part.strip()) for flag in flags or () for part in flag.split(",")]
 
 
 def _payload(text: str) -> dict[str, Any]:
@@ -69,21 +65,11 @@ def _print_json(job: Job, *, indent: int | None = None) -> None:
 def enqueue(args: EnqueueArgs, settings: Settings) -> int:
     """Enqueues one job and prints its id."""
     payload = _payload(args.payload)
-    depends_on = _job_ids(args.depends_on)
+    spec = JobSpec.create(args.task, payload, **(args.options or {}))
 
     async def run() -> EnqueueResult:
         async with _queue(settings) as q:
-            return await q.enqueue(
-                args.task,
-                payload,
-                queue=args.queue,
-                priority=args.priority,
-                delay=args.delay,
-                dedup_key=args.dedup_key,
-                max_attempts=args.max_attempts,
-                depends_on=depends_on,
-                group_key=args.group_key,
-            )
+            return await q.store.enqueue(spec)
 
     result = anyio.run(run)
     print(result.job_id)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import NoReturn, TypeAlias, TypeVar, get_args
+from typing import Any, NoReturn, TypeAlias, TypeVar, get_args
 
 from notifyq._version import __version__
 from notifyq.cli._args import Arguments, JobStatusName
 from notifyq.cli._errors import EXIT_ERROR, EXIT_JOB_FAILED, EXIT_TIMEOUT, EXIT_USAGE
 from notifyq.grants import KINDS
+from notifyq.jobspec import Option, options
 
 A = TypeVar("A", bound=Arguments)
 
@@ -95,6 +96,34 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
+class _JobOption(argparse.Action):
+    """A flag of ``notifyq enqueue`` made from a job option (notifyq.jobspec): its text read by
+    the option's ``parse`` into ``namespace.options``, checked with the rest by JobSpec."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, option: Option, **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.option = option
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        assert self.option.parse is not None
+        try:
+            value = self.option.parse(values)
+        except ValueError:
+            parser.error(
+                f"{option_string}: {values!r} is not {self.option.sql} ({self.option.doc})"
+            )
+        given = dict(namespace.options or {})
+        if self.option.many:
+            value = [*given.get(self.option.name, ()), *value]
+        namespace.options = given | {self.option.name: value}
+
+
 # -- options ------------------------------------------------------------------------------
 
 
@@ -171,21 +200,16 @@ def _job_commands(commands: _Commands) -> None:
     enqueue = commands.add_parser("enqueue", help="enqueue a job and print its id")
     enqueue.add_argument("task", metavar="TASK")
     enqueue.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", default="{}")
-    enqueue.add_argument("--queue", help="default: the task's queue, else 'default'")
-    enqueue.add_argument("--priority", type=_int, help="default: the task's, else 0")
-    enqueue.add_argument("--delay", type=_seconds, help="seconds before the job may start")
-    enqueue.add_argument("--dedup-key")
-    enqueue.add_argument("--max-attempts", type=_positive_int)
-    enqueue.add_argument(
-        "--depends-on",
-        action="append",
-        metavar="JOB_ID",
-        help="a job it waits for (repeat or comma-separate): it runs once they all completed, "
-        "and is cancelled if one fails or is cancelled",
-    )
-    enqueue.add_argument(
-        "--group-key", help="jobs of one queue and group key run one at a time, in order"
-    )
+    enqueue.set_defaults(options=None)
+    for option in options().values():
+        enqueue.add_argument(
+            f"--{option.name.replace('_', '-')}",
+            action=_JobOption,
+            option=option,
+            metavar=option.name.upper(),
+            help=option.doc.replace("%", "%%")
+            + (" Repeat or comma-separate." if option.many else ""),
+        )
 
     status = commands.add_parser("status", help="print a job as JSON")
     status.add_argument("job_id", metavar="JOB_ID")

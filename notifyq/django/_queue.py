@@ -15,23 +15,24 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import Any, TypeVar
-from uuid import UUID
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from psycopg_pool import ConnectionPool
 
-from notifyq.client import _spec_from_mapping, _workflow_spec
 from notifyq.django._settings import database_alias, notifyq_settings
-from notifyq.models import EnqueueResult, JobSpec
+from notifyq.jobspec import JobOptions, JobSpec
+from notifyq.models import EnqueueResult
 from notifyq.settings import explicit_max_attempts
 from notifyq.store import SyncStore
 from notifyq.sync_client import SyncQueue
 from notifyq.tracing import tracing
-from notifyq.workflows import Part, Workflow, WorkflowResult, chain, plan
+from notifyq.workflows import Part, Workflow, WorkflowResult, chain, mapping_spec, plan
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "enqueue",
@@ -101,34 +102,13 @@ def psycopg_connection() -> psycopg.Connection[Any]:
 
 
 def enqueue(
-    task: str,
-    payload: Mapping[str, Any] | None = None,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    dedup_key: str | None = None,
-    max_attempts: int | None = None,
-    depends_on: Iterable[UUID | str] | None = None,
-    group_key: str | None = None,
+    task: str, payload: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]
 ) -> EnqueueResult:
     """Enqueues a job in the current transaction of Django's connection: inside
     ``transaction.atomic()`` the job exists once the block commits, and never if it rolls
     back; outside, it commits at once. Arguments, answers and errors are those of
     :meth:`notifyq.SyncQueue.enqueue`."""
-    spec = JobSpec.create(
-        task,
-        payload,
-        queue=queue,
-        priority=priority,
-        delay=delay,
-        run_at=run_at,
-        dedup_key=dedup_key,
-        max_attempts=max_attempts,
-        depends_on=depends_on,
-        group_key=group_key,
-    )
+    spec = JobSpec.create(task, payload, **options)
     return _in_transaction(lambda store, conn: store.enqueue(spec, conn=conn))
 
 
@@ -136,7 +116,7 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[EnqueueRes
     """Enqueues many jobs in the current transaction of Django's connection, all or none, as
     :meth:`notifyq.SyncQueue.enqueue_many` does (each job a JobSpec or a mapping with the keys
     of :func:`enqueue` and ``task``, ``payload``)."""
-    specs = (job if isinstance(job, JobSpec) else _spec_from_mapping(job) for job in jobs)
+    specs = (job if isinstance(job, JobSpec) else JobSpec.of(job) for job in jobs)
     return _in_transaction(lambda store, conn: store.enqueue_many(specs, conn=conn))
 
 
@@ -146,7 +126,7 @@ def enqueue_workflow(jobs: Part | Iterable[Mapping[str, Any]]) -> WorkflowResult
     transaction of Django's connection, as :meth:`notifyq.SyncQueue.enqueue_workflow` does."""
     if isinstance(jobs, Part):
         jobs = (jobs if isinstance(jobs, Workflow) else chain(jobs)).jobs()
-    planned = plan(list(jobs), _workflow_spec)
+    planned = plan(list(jobs), mapping_spec)
     _in_transaction(lambda store, conn: store.enqueue_many(planned.specs, conn=conn))
     return WorkflowResult(planned.workflow_id, planned.ids)
 

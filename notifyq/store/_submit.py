@@ -12,7 +12,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import kwargs_row, tuple_row
 
-from notifyq.models import EnqueueResult, JobSpec, JobStatus
+from notifyq.jobspec import JobSpec, options
+from notifyq.models import EnqueueResult, JobStatus
 from notifyq.store._runner import Conn, Runner
 
 #: Jobs per statement of enqueue_many. Sent in one pipeline, chunks of 250 moved 1,000 jobs
@@ -144,27 +145,19 @@ def many_statement(
     specs: list[JobSpec], fallback: int | None, trace_context: str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The query that enqueues ``specs`` in one statement (see :func:`many_results`), and its
-    parameters; ``trace_context`` is kept by every one of them (see :func:`enqueue_statement`)."""
-    tasks = [s.task for s in specs]
-    payloads = [s.payload_json for s in specs]
-    queues = [s.queue for s in specs]
-    priorities = [s.priority for s in specs]
-    run_ats = [s.run_at for s in specs]
-    max_attempts = [s.max_attempts for s in specs]
-    dedup_keys = [s.dedup_key for s in specs]
+    parameters: one array per option, named as the option; ``trace_context`` is kept by every
+    one of them (see :func:`enqueue_statement`)."""
+    params: dict[str, Any] = {
+        "tasks": [s.task for s in specs],
+        "payloads": [s.payload_json for s in specs],
+        "fallback": fallback,
+    }
     if trace_context is not None or not all(s.plain for s in specs):
-        return "enqueue_many", {
-            "tasks": tasks,
-            "payloads": payloads,
-            "queues": queues,
-            "priorities": priorities,
-            "run_ats": run_ats,
-            "delays": [s.delay if s.delay is not None else 0.0 for s in specs],
-            "dedup_keys": dedup_keys,
-            "max_attempts": max_attempts,
-            "fallback": fallback,
-            "depends_on": _sparse([_array_text(s.depends_on) for s in specs]),
-            "group_keys": _sparse([s.group_key for s in specs]),
+        for name, option in options().items():
+            values = [option.to_sql(s.options.get(name)) for s in specs]
+            # An array of arrays must be rectangular: a job's ids go as the text of its array.
+            params[name] = _sparse([_array_text(v) for v in values] if option.many else values)
+        return "enqueue_many", params | {
             "workflow_ids": _sparse([s.workflow_id for s in specs]),
             "ids": _sparse([s.id for s in specs]),
             "trace_context": trace_context,
@@ -172,16 +165,10 @@ def many_statement(
         }
     # No duplicates to look for and every task known: one INSERT ... SELECT, which answers
     # the ids in input order. A column that no job sets goes as one NULL.
-    return "enqueue_many_plain", {
-        "tasks": tasks,
-        "payloads": payloads,
-        "queues": _sparse(queues),
-        "priorities": _sparse(priorities),
-        "run_ats": _sparse(run_ats),
-        "delays": _sparse([s.delay for s in specs]),
-        "max_attempts": _sparse(max_attempts),
-        "fallback": fallback,
-    }
+    for name, option in options().items():
+        if option.plain:
+            params[name] = _sparse([s.options.get(name) for s in specs])
+    return "enqueue_many_plain", params
 
 
 def many_results(query: str, specs: list[JobSpec], rows: list[Any]) -> list[EnqueueResult]:
@@ -204,7 +191,7 @@ def many_results(query: str, specs: list[JobSpec], rows: list[Any]) -> list[Enqu
     ]
 
 
-def _array_text(ids: tuple[UUID, ...]) -> str | None:
+def _array_text(ids: list[UUID] | None) -> str | None:
     """The text of a uuid[] (an array of arrays must be rectangular, an array of texts not)."""
     return "{" + ",".join(map(str, ids)) + "}" if ids else None
 
@@ -218,14 +205,7 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
     return {
         "task": spec.task,
         "payload": spec.payload_json,
-        "queue": spec.queue,
-        "priority": spec.priority,
-        "run_at": spec.run_at,
-        "delay": spec.delay if spec.delay is not None else 0.0,
-        "dedup_key": spec.dedup_key,
-        "max_attempts": spec.max_attempts,
-        "depends_on": list(spec.depends_on) if spec.depends_on else None,
-        "group_key": spec.group_key,
+        **dict(spec.sql_params()),
         "workflow_id": spec.workflow_id,
         "id": spec.id,
     }

@@ -19,7 +19,8 @@ from psycopg.rows import RowFactory, kwargs_row, scalar_row, tuple_row
 from psycopg_pool import ConnectionPool
 
 from notifyq.db import translate_errors
-from notifyq.models import EnqueueResult, Job, JobSpec
+from notifyq.jobspec import JobSpec
+from notifyq.models import EnqueueResult, Job
 from notifyq.queries import load_queries
 from notifyq.store._runner import Params, run_again
 from notifyq.store._submit import (

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from notifyq.api.deps import SettingsDep, StoreDep
 from notifyq.api.schemas import ErrorOut, JobOut, WorkflowCreatedOut, WorkflowIn, WorkflowOut
 from notifyq.errors import InvalidJob
-from notifyq.models import JobSpec
+from notifyq.jobspec import JobSpec
 from notifyq.workflows import MAX_WORKFLOW_JOBS, plan, workflow_status
 
 router = APIRouter()
