@@ -29,7 +29,7 @@ from pathlib import Path
 import psycopg
 
 from notifyq.migrations import latest_version
-from notifyq.queries import load_queries
+from notifyq.queries import load_queries, sql_dir
 from tests.helpers import ROOT
 
 #: Functions that no code of this version names and that workers of the previous version still
@@ -201,7 +201,7 @@ def test_comments_and_docstrings_name_only_functions_that_exist(db_url: str) -> 
     functions, _, _ = _database(db_url)
     stale: dict[str, set[str]] = {}
     # The upgrade pages and the changelog are history: they name the functions of their time.
-    sources = [*_python_files(), ROOT / "sql" / "queries.sql", ROOT / "ARCHITECTURE.md"]
+    sources = [*_python_files(), sql_dir() / "queries.sql", ROOT / "ARCHITECTURE.md"]
     sources += [
         page
         for page in sorted((ROOT / "docs").rglob("*.md"))
