@@ -58,6 +58,12 @@ def dump(url: str) -> str:
 
 
 def main() -> int:
+    target = sql_dir() / "schema.sql"
+    if Path(ROOT) not in target.parents:
+        raise SystemExit(
+            f"notifyq reads its SQL from {target.parent}, not from this checkout: "
+            "install it editable from here (pip install -e .)"
+        )
     server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     name = f"nq_dump_{secrets.token_hex(4)}"
     with psycopg.connect(server, autocommit=True) as admin:
@@ -65,12 +71,6 @@ def main() -> int:
     try:
         url = url_with_dbname(server, name)
         asyncio.run(migrate(Settings.load(database_url=url), progress=lambda _: None))
-        target = sql_dir() / "schema.sql"
-        if Path(ROOT) not in target.parents:
-            raise SystemExit(
-                f"notifyq reads its SQL from {target.parent}, not from this checkout: "
-                "install it editable from here (pip install -e .)"
-            )
         target.write_text(dump(url))
         print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
     finally:
