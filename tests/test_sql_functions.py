@@ -14,9 +14,9 @@ A function is called when one of these names it:
 
 The rule that retires a function (ARCHITECTURE.md, "The rule for SQL"): once no code of this
 version calls it and no worker of the previous version does either, a migration drops it. While
-workers of the previous version still call it (a rolling upgrade runs both), it is listed in
-KEPT_FOR_OLDER_WORKERS with the last version whose code calls it, and the migration after the
-next one drops it.
+workers of the previous version may still call it (a rolling upgrade runs both), it is listed in
+KEPT_FOR_OLDER_WORKERS with the last schema version whose released code calls it; once that
+version is older than the previous one, this test fails until a migration drops it.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from notifyq.migrations import latest_version
 from notifyq.queries import load_queries, sql_dir
 from tests.helpers import ROOT
 
-#: Functions that no code of this version names and that workers of the previous version still
-#: call, by their signature (``oid::regprocedure``), with the last version whose code calls them.
-#: A function may stay here while that version is the previous one; the next migration drops it.
+#: Functions that no code of this version names and that workers of the previous version may
+#: still call, by their signature (``oid::regprocedure``), with the last schema version whose
+#: released code calls them. One may stay here while that version is this one or the one before.
 KEPT_FOR_OLDER_WORKERS: dict[str, int] = {}
 
 #: A call of a function of schema notifyq, as SQL writes it (every caller names the schema: each
@@ -165,10 +165,11 @@ def test_every_function_of_the_schema_is_called_and_every_function_called_exists
     )
     assert not uncalled, "\n".join(
         f"nothing calls {signature}: no query that the code runs, no SQL of notifyq's Python or "
-        "of the documentation, no trigger, default or called function. Drop it in a new "
-        f"migration (sql/{version + 1:03d}_*.sql), or, if workers of the previous version still "
-        "call it, list it in KEPT_FOR_OLDER_WORKERS (tests/test_sql_functions.py) with the last "
-        "version whose code calls it (see 'The rule for SQL' in ARCHITECTURE.md)"
+        "of the documentation, no trigger, default or called function. If released code still "
+        "calls it (this change stopped calling it), list it in KEPT_FOR_OLDER_WORKERS "
+        "(tests/test_sql_functions.py) with the last schema version whose released code calls "
+        f"it (at most {version}); else drop it in a new migration (sql/{version + 1:03d}_*.sql). "
+        "See 'The rule for SQL' in ARCHITECTURE.md"
         for signature in uncalled
     )
 
@@ -182,9 +183,9 @@ def test_every_function_of_the_schema_is_called_and_every_function_called_exists
         )
         assert last_caller >= version - 1, (
             f"{signature} was kept for workers of version {last_caller}, and this is version "
-            f"{version}: no worker that may run beside this version calls it any more; drop it "
-            f"in a new migration (sql/{version + 1:03d}_*.sql) and take it out of "
-            "KEPT_FOR_OLDER_WORKERS"
+            f"{version}: no worker that may run beside this version calls it any more. Drop it "
+            f"in the newest migration (sql/{version:03d}_*.sql) while that one is not released, "
+            "else in a new one, and take it out of KEPT_FOR_OLDER_WORKERS"
         )
 
 
