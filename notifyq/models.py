@@ -429,7 +429,7 @@ class Rescued:
 
     @classmethod
     def of(cls, *, id: UUID, status: str, counted: bool) -> Rescued:
-        """From a row of notifyq.rescue_v2 (a ``kwargs_row`` factory)."""
+        """From a row of notifyq.rescue_v3 (a ``kwargs_row`` factory)."""
         return cls(id, JobStatus(status), counted)
 
 
@@ -443,7 +443,7 @@ class Cancelled:
 
     @classmethod
     def of(cls, *, was: str, status: str) -> Cancelled:
-        """From the row of notifyq.cancel_job_v1 (a ``kwargs_row`` factory)."""
+        """From the row of notifyq.cancel_job_v2 (a ``kwargs_row`` factory)."""
         return cls(JobStatus(was), JobStatus(status))
 
 

@@ -1,13 +1,14 @@
 """The SQL files: numbered migrations and the named queries of ``sql/queries.sql``.
 
-The folder is ``notifyq/sql`` inside an installed wheel and ``sql/`` at the top of a source
-checkout. Files are read when first asked for, never at import.
+Every reader of them finds them through :func:`sql_dir`. Files are read when first asked for,
+never at import.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.resources
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,29 @@ _NAME_HEADER = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{3,})_(\w+)\.sql$")
 
 
+@functools.cache
 def sql_dir() -> Path:
-    """The folder holding notifyq's SQL files."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "sql", here.parent / "sql"):
-        if (candidate / "queries.sql").is_file():
-            return candidate
-    raise FileNotFoundError(f"notifyq's sql/ folder is missing next to {here}")
+    """The folder of notifyq's SQL files, for every reader: the migrations, the named queries,
+    the schema's dump and the tests.
+
+    They are the package's data: ``notifyq/sql`` in a wheel, where the build puts the top-level
+    ``sql/`` of the source (pyproject's ``sources``). An editable install imports the package
+    from the source checkout, where the files stay in that top-level folder, beside the package:
+    found there, they are the files being edited, never a copy made at install time.
+    """
+    package = importlib.resources.files("notifyq")
+    if not isinstance(package, Path):  # a zip import: nothing to migrate from
+        raise FileNotFoundError(f"notifyq is not installed as files ({package!r})")
+    package = package.resolve()
+    checkout = package.parent
+    if (package / "sql" / "queries.sql").is_file():
+        return package / "sql"
+    if (checkout / "sql" / "queries.sql").is_file() and (checkout / "pyproject.toml").is_file():
+        return checkout / "sql"
+    raise FileNotFoundError(
+        f"notifyq's SQL files are missing: neither in {package / 'sql'} (a wheel) nor in "
+        f"{checkout / 'sql'} beside a pyproject.toml (a source checkout)"
+    )
 
 
 def parse_queries(text: str) -> dict[str, bytes]:

@@ -87,7 +87,7 @@ SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempt
 FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
                       %(lease)s::float8, %(probe)s)
 
--- claim_jobs and the look for the next run_at (seconds_to_next_job) in one statement, for a
+-- claim_jobs and the look for the next run_at (notifyq.next_due_v3) in one statement, for a
 -- claim that may end in a sleep: the claimed jobs, each with a null due, then one row whose id is
 -- null and whose due is the look's answer. The two read the same now(), the transaction's, so a
 -- job is either due for the claim or counted by the look (see notifyq/worker/_producer.py); one
@@ -101,10 +101,6 @@ FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(li
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        notifyq.next_due_v3(%(tasks)b::text[], %(queues)b::text[])
-
--- Seconds until the worker's next delayed job is due (see notifyq.next_due_v3).
--- name: seconds_to_next_job
-SELECT notifyq.next_due_v3(%(tasks)b::text[], %(queues)b::text[]);
 
 -- Records successful attempts, one statement for a whole batch, fenced by the claim; the jobs
 -- that waited for them and the next members of their groups move on in the same transaction:
@@ -453,10 +449,6 @@ FROM notifyq.archived_jobs_v1(%(id)s::uuid, NULL);
 
 -- name: prune_ticks
 SELECT notifyq.prune_ticks_v1();
-
--- name: set_setting
-INSERT INTO notifyq.settings (key, value) VALUES (%(key)s, %(value)s)
-ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 
 -- name: ping
 SELECT 1;

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from notifyq.embedded import EmbeddedPostgres
 from notifyq.migrations import migrate
+from notifyq.queries import sql_dir
 from notifyq.settings import Settings
 from tests.helpers import ROOT, url_with_dbname
 
@@ -57,6 +58,12 @@ def dump(url: str) -> str:
 
 
 def main() -> int:
+    target = sql_dir() / "schema.sql"
+    if Path(ROOT) not in target.parents:
+        raise SystemExit(
+            f"notifyq reads its SQL from {target.parent}, not from this checkout: "
+            "install it editable from here (pip install -e .)"
+        )
     server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     name = f"nq_dump_{secrets.token_hex(4)}"
     with psycopg.connect(server, autocommit=True) as admin:
@@ -64,7 +71,6 @@ def main() -> int:
     try:
         url = url_with_dbname(server, name)
         asyncio.run(migrate(Settings.load(database_url=url), progress=lambda _: None))
-        target = Path(ROOT) / "sql" / "schema.sql"
         target.write_text(dump(url))
         print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
     finally:

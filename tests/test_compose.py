@@ -33,6 +33,7 @@ import pytest
 import yaml
 from psycopg import sql
 
+from notifyq.queries import sql_dir
 from notifyq.settings import Settings
 from tests.helpers import ROOT, Process, processes
 
@@ -439,7 +440,7 @@ def test_the_image_installs_the_package_with_its_sql_files(image: Image, tmp_pat
     installed = Path(found)
     assert image.bin.parent in installed.parents, installed
     assert sorted(p.name for p in installed.glob("*.sql")) == sorted(
-        p.name for p in (ROOT / "sql").glob("*.sql")
+        p.name for p in sql_dir().glob("*.sql")
     )
 
 

@@ -27,6 +27,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from notifyq import SyncQueue
+from notifyq.queries import sql_dir
 from tests.docs import DOCS, README, blocks, blocks_of, doc_block, pages
 from tests.helpers import ROOT, notifyq_env, processes
 
@@ -172,7 +173,7 @@ def test_every_page_of_the_site_is_in_its_nav() -> None:
 def test_every_schema_version_has_its_upgrade_page() -> None:
     nav = MKDOCS_YML.read_text()
     missing = []
-    for migration in sorted((ROOT / "sql").glob("0*.sql")):
+    for migration in sorted(sql_dir().glob("0*.sql")):
         number = migration.name[:3]
         page = DOCS / "upgrading" / f"{number}.md"
         if not page.is_file() or f"upgrading/{number}.md" not in nav:
@@ -192,7 +193,7 @@ def test_the_readme_is_short_and_its_links_lead_somewhere() -> None:
 
 def test_the_changelog_has_every_schema_version() -> None:
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    for migration in sorted((ROOT / "sql").glob("0*.sql")):
+    for migration in sorted(sql_dir().glob("0*.sql")):
         number = int(migration.name[:3])
         if number >= 20:
             continue  # the storage rewrite's: listed under [Unreleased] as they land

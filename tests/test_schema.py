@@ -4,11 +4,11 @@ indexes, functions and triggers, compared in PostgreSQL's own words (pg_get_*def
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from notifyq.queries import sql_dir
 from tests.helpers import ROOT
 
 SNAPSHOT = {
@@ -59,7 +59,7 @@ def snapshot(url: str) -> dict[str, list[Any]]:
 
 
 def test_schema_sql_is_what_the_migrations_make(db_url: str, empty_db_url: str) -> None:
-    schema = (Path(ROOT) / "sql" / "schema.sql").read_text()
+    schema = (sql_dir() / "schema.sql").read_text()
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute(schema.encode())
     from_migrations, from_file = snapshot(db_url), snapshot(empty_db_url)
@@ -68,3 +68,9 @@ def test_schema_sql_is_what_the_migrations_make(db_url: str, empty_db_url: str) 
             f"sql/schema.sql differs from the migrations in its {part}: regenerate it with "
             "`python -m tests.dump_schema`"
         )
+
+
+def test_a_source_checkout_reads_its_own_sql_folder_not_a_copy() -> None:
+    # The tests run on an editable install: what they check must be the files being edited.
+    # tests/test_wheel.py checks that an installed wheel finds its own.
+    assert sql_dir() == ROOT / "sql"

@@ -1,8 +1,9 @@
 """The wheel a user installs: built from this tree with the project's build backend, it holds the
-package with its SQL (the migrations and the named queries, from the top-level sql/) and the
+package with its SQL as package data (the top-level sql/ of the source, as notifyq/sql) and the
 dashboard's files, and nothing else of the repository: no tests, no screenshots, no bench or its
-data. Installed into a fresh venv, away from this checkout, its ``notifyq`` command answers
-``--help`` and runs a job from enqueue to completed against the real PostgreSQL.
+data. Installed into a fresh venv, away from this checkout, the package finds its SQL files
+inside itself through the function every reader uses (notifyq.queries.sql_dir), its ``notifyq``
+command answers ``--help`` and runs a job from enqueue to completed against the real PostgreSQL.
 
 The venv's dependencies come from a folder of wheels kept between runs (the user's cache), so
 that only a first run, or a new dependency, asks the package index."""
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from notifyq.api.routes.ops import DASHBOARD_MODULES
+from notifyq.queries import load_migrations, load_queries, sql_dir
 from tests.helpers import ROOT
 
 pytest.importorskip("hatchling", reason="the dev extra installs the build backend")
@@ -84,10 +86,10 @@ def test_the_wheel_holds_the_package_its_sql_and_its_static_files_and_nothing_el
         names = archive.namelist()
     name, version = wheel.name.split("-")[:2]
     assert {n.split("/", 1)[0] for n in names} == {"notifyq", f"{name}-{version}.dist-info"}
-    migrations = sorted(p.name for p in (ROOT / "sql").glob("*.sql"))
+    sql_files = sorted(p.name for p in sql_dir().glob("*.sql"))
     assert sorted(
         n.removeprefix("notifyq/sql/") for n in names if n.startswith("notifyq/sql/")
-    ) == (migrations)
+    ) == (sql_files)
     for asset in (
         "dashboard.html",
         "dashboard.css",
@@ -129,6 +131,25 @@ def test_the_installed_wheel_runs_a_job(installed: Path, empty_db_url: str, tmp_
         timeout=60,
     )
     assert str(installed.parent) in where.stdout, where.stdout + where.stderr
+    # The SQL files, found and read as every reader finds them: inside the installed package.
+    loaded = subprocess.run(
+        [
+            str(installed / "python"),
+            "-c",
+            "import json, notifyq.queries as q; print(json.dumps([str(q.sql_dir()), "
+            "[m.checksum for m in q.load_migrations()], sorted(q.load_queries())]))",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    folder, checksums, queries = json.loads(loaded.stdout)
+    assert Path(folder) == Path(where.stdout.strip()).resolve().parent / "sql"
+    assert checksums == [m.checksum for m in load_migrations()]
+    assert queries == sorted(load_queries())
     notifyq("migrate")  # the migrations from the wheel's notifyq/sql
     job_id = notifyq("enqueue", "hello_world", '{"name": "wheel"}').strip()
     notifyq("worker", "--burst")

@@ -78,10 +78,18 @@ def generate(markdown: str, where: str) -> str:
     return MARKER.sub(section, markdown)
 
 
+def _sql() -> Path:
+    """notifyq's SQL files, found as notifyq finds them: this checkout's sql/, installed
+    editable."""
+    from notifyq.queries import sql_dir
+
+    return sql_dir()
+
+
 def migration_reference(where: str) -> str:
     """The opening comment of the migration whose number names the page, as a quote."""
     number = Path(where).stem
-    found = sorted((ROOT / "sql").glob(f"{number}_*.sql"))
+    found = sorted(_sql().glob(f"{number}_*.sql"))
     if not re.fullmatch(r"\d{3}", number) or len(found) != 1:
         raise ValueError(f"{where}: no migration sql/{number}_*.sql for this page")
     lines = []
@@ -367,7 +375,7 @@ def _comment_above(name: str) -> str:
     """The comment lines right above the latest migration's definition of the function."""
     found = ""
     pattern = re.compile(rf"^CREATE (?:OR REPLACE )?FUNCTION notifyq\.{name}\(", re.M)
-    for migration in sorted((ROOT / "sql").glob("0*.sql")):
+    for migration in sorted(_sql().glob("0*.sql")):
         text = migration.read_text()
         for match in pattern.finditer(text):
             lines = text[: match.start()].splitlines()
@@ -387,7 +395,7 @@ def _comment_above(name: str) -> str:
 def sql_reference() -> str:
     """The functions a psql user calls (those without a ``_vN`` suffix, which are the workers'
     and clients' own, and not triggers), and the columns of notifyq.jobs."""
-    schema = (ROOT / "sql" / "schema.sql").read_text()
+    schema = (_sql() / "schema.sql").read_text()
     parts = []
     for match in _FUNCTION.finditer(schema):
         name = match["name"]

@@ -100,7 +100,7 @@ class Working(Runner):
         limit: int,
         lease: float,
     ) -> list[ClaimedJob]:
-        """Claims jobs under a task's or queue's limit (see notifyq.claim_limited_v2)."""
+        """Claims jobs under a task's or queue's limit (see notifyq.claim_limited_v4)."""
         params = {
             "worker_id": worker_id,
             "tasks": list(tasks),

@@ -1,7 +1,7 @@
 """The rescuer: puts back the jobs of workers that died or hung, every heartbeat interval.
 
 A job whose lease ran out (or that has none) goes back to the queue, or ends failed when out of
-attempts, or cancelled when its cancel was requested (notifyq.rescue_v2). Only the worker that
+attempts, or cancelled when its cancel was requested (notifyq.rescue_v3). Only the worker that
 leads the maintenance rescues (see notifyq.worker._leadership); SKIP LOCKED keeps two out of
 each other's way while the lead moves. It also deletes the idle marks of workers that stopped
 refreshing them.
