@@ -17,13 +17,15 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+import anyio
 import psycopg
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from psycopg_pool import ConnectionPool
 
 from notifyq.bootstrap import require_database
@@ -189,11 +191,45 @@ class SyncQueue:
                 raise RuntimeError("this SyncQueue is closed")
             if self._waits is None:
                 with contextlib.ExitStack() as stack:
-                    portal = stack.enter_context(start_blocking_portal())
+                    portal = _daemon_portal(stack)
                     queue = Queue(settings=self._settings, pool_size=2)
                     stack.enter_context(portal.wrap_async_context_manager(queue))
                     self._portal, self._waits = stack.pop_all(), (portal, queue)
             return self._waits
+
+
+def _daemon_portal(stack: contextlib.ExitStack) -> BlockingPortal:
+    """An event loop in a daemon thread, and the portal that calls into it from others; the
+    loop is stopped when ``stack`` closes.
+
+    Not anyio's start_blocking_portal: its thread is not a daemon, so a script that never
+    closed its SyncQueue would hang at exit, waiting for the loop to end. A plain callback, not
+    a generator, so that nothing runs when the queue is merely collected at exit."""
+    started: Future[BlockingPortal] = Future()
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            started.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def run() -> None:
+        try:
+            anyio.run(serve)
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+
+    thread = threading.Thread(target=run, name="notifyq-sync-waits", daemon=True)
+    thread.start()
+    portal = started.result()
+
+    def stop() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has ended already
+            portal.start_task_soon(portal.stop)
+        thread.join(timeout=10)
+
+    stack.callback(stop)
+    return portal
 
 
 def _callers(conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
