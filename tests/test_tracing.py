@@ -356,8 +356,8 @@ def test_notifyq_does_not_import_opentelemetry_unless_asked() -> None:
 async def test_the_api_continues_an_incoming_traceparent_when_no_span_is_current(
     spans: InMemorySpanExporter,
 ) -> None:
-    from notifyq._otel import OtelTracing
     from notifyq.api.middleware import TraceContext
+    from notifyq.tracing._otel import OtelTracing
 
     seen: list[Any] = []
 
