@@ -16,7 +16,15 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 
 # The tools whose next release can change what a check or a test run reports.
-CHECKERS = ("mypy", "ruff", "pytest", "pytest-asyncio", "pytest-timeout", "pytest-xdist")
+CHECKERS = (
+    "mypy",
+    "ruff",
+    "import-linter",
+    "pytest",
+    "pytest-asyncio",
+    "pytest-timeout",
+    "pytest-xdist",
+)
 
 
 def dev_requirements() -> dict[str, Requirement]:
