@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 import anyio
 from fastapi import FastAPI, Request
@@ -36,7 +37,7 @@ from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tasks import Registry
-from notifyq.tracing import tracing
+from notifyq.tracing import Tracing, tracing
 from notifyq.watching import JobWatcher
 from notifyq.worker import Supervisor, Worker
 
@@ -92,6 +93,57 @@ def create_app(
     metrics = Metrics()
     tracer = tracing(settings)
 
+    app = FastAPIOffline(
+        title="notifyq",
+        version=__version__,
+        description="A PostgreSQL job queue: jobs start the instant they are committed.",
+        lifespan=_lifespan(settings, registry, metrics, tracer),
+        responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
+        static_url=DOCS_ASSETS,
+        # Swagger UI's validator badge would send the schema's address to a public validator.
+        swagger_ui_parameters={"validatorUrl": None},
+        redoc_url=None,  # added below, with its CSP
+    )
+    _add_redoc(app)
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.scrape_lock = anyio.Lock()
+    if tracer.enabled:
+        app.add_middleware(middleware.TraceContext, tracing=tracer)
+    app.add_middleware(middleware.BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    # Added last, so it runs first: a request without the token (or, without a token set,
+    # with a foreign Host or from another site) is refused before its body is read.
+    middleware.install(app, settings, OPEN_PATHS)
+    errors.install(app)
+    fast.document_bodies(app)
+
+    guard = documented_guard(settings)
+    fast.add_routes(app, guard)
+    app.include_router(events.router, dependencies=guard)
+    app.include_router(jobs.router, dependencies=guard)
+    app.include_router(workflows.router, dependencies=guard)
+    app.include_router(queues.router, dependencies=guard)
+    app.include_router(schedule.router, dependencies=guard)
+    app.include_router(ops.router, dependencies=guard)
+    app.include_router(ops.open_router)
+    ops.add_dashboard(app)
+    return app
+
+
+def _lifespan(
+    settings: Settings, registry: Registry | None, metrics: Metrics, tracer: Tracing
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: migrates (with ``auto_migrate``), opens the pool, starts the
+    listener and the job watcher, and, with ``run_worker``, the in-process worker under its
+    supervisor; stops them all, in reverse, at shutdown."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.auto_migrate:
@@ -138,48 +190,7 @@ def create_app(
             finally:
                 background.cancel_scope.cancel()
 
-    app = FastAPIOffline(
-        title="notifyq",
-        version=__version__,
-        description="A PostgreSQL job queue: jobs start the instant they are committed.",
-        lifespan=lifespan,
-        responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
-        static_url=DOCS_ASSETS,
-        # Swagger UI's validator badge would send the schema's address to a public validator.
-        swagger_ui_parameters={"validatorUrl": None},
-        redoc_url=None,  # added below, with its CSP
-    )
-    _add_redoc(app)
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.scrape_lock = anyio.Lock()
-    if tracer.enabled:
-        app.add_middleware(middleware.TraceContext, tracing=tracer)
-    app.add_middleware(middleware.BodyLimit, max_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"],
-        )
-    # Added last, so it runs first: a request without the token (or, without a token set,
-    # with a foreign Host or from another site) is refused before its body is read.
-    middleware.install(app, settings, OPEN_PATHS)
-    errors.install(app)
-    fast.document_bodies(app)
-
-    guard = documented_guard(settings)
-    fast.add_routes(app, guard)
-    app.include_router(events.router, dependencies=guard)
-    app.include_router(jobs.router, dependencies=guard)
-    app.include_router(workflows.router, dependencies=guard)
-    app.include_router(queues.router, dependencies=guard)
-    app.include_router(schedule.router, dependencies=guard)
-    app.include_router(ops.router, dependencies=guard)
-    app.include_router(ops.open_router)
-    ops.add_dashboard(app)
-    return app
+    return lifespan
 
 
 def _add_redoc(app: FastAPI) -> None:
