@@ -25,7 +25,7 @@ from fastapi_offline import FastAPIOffline
 
 from notifyq._version import __version__
 from notifyq.api import errors, fast, middleware
-from notifyq.api.deps import documented_guard
+from notifyq.api.deps import WorkerHost, documented_guard
 from notifyq.api.routes import events, jobs, ops, queues, schedule, workflows
 from notifyq.api.schemas import ErrorOut
 from notifyq.bootstrap import require_database
@@ -180,7 +180,9 @@ def _lifespan(
                         settings, registry, metrics=metrics, store=store, listener=listener
                     )
                 )
-                app.state.supervisor = supervisor
+                # What the routes read of it (checked here, where both are known).
+                host: WorkerHost = supervisor
+                app.state.supervisor = host
                 async with anyio.create_task_group() as tg:
                     await tg.start(supervisor.run)
                     try:
