@@ -1,11 +1,13 @@
 """The archive of finished jobs (NOTIFYQ_ARCHIVE_AFTER, sql/015): what moves and when, what
 never moves, reads that still find archived jobs, partitions made ahead and dropped past the
-keep, two movers at once, and the privileges of the roles that use it."""
+keep, two movers at once, and the privileges of the roles that use it.
+
+The tests of this that need no database are in tests/unit/test_archive.py.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 from uuid import UUID
 
@@ -18,13 +20,12 @@ import pytest
 from notifyq import SyncQueue
 from notifyq.api import create_app
 from notifyq.client import Queue
-from notifyq.errors import ConfigurationError, RefusedInput
+from notifyq.errors import RefusedInput
 from notifyq.models import JobStatus
 from notifyq.settings import Settings
 from notifyq.worker import archive, prune
-from notifyq.worker._maintenance import ARCHIVE_AHEAD_DAYS, archive_keep
+from notifyq.worker._maintenance import ARCHIVE_AHEAD_DAYS
 from tests.helpers import (
-    ROOT,
     end_by_hand,
     insert_in_state,
     notifyq_env,
@@ -34,9 +35,9 @@ from tests.helpers import (
     wait_until,
 )
 from tests.test_privileges import as_role, role, run_notifyq
+from tests.unit.test_archive import DAY
 
 HOUR = 3600.0
-DAY = 86_400.0
 
 
 def archiving(settings: Settings, after: float = HOUR, **more: Any) -> Settings:
@@ -86,38 +87,6 @@ def finished(status: str, ago: str) -> dict[str, str]:
 
 
 # -- the setting --------------------------------------------------------------------------------
-
-
-def test_the_archive_is_off_unless_set_and_refuses_a_negative_age(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert Settings.load().archive_after is None
-    monkeypatch.setenv("NOTIFYQ_ARCHIVE_AFTER", "")
-    assert Settings.load().archive_after is None
-    monkeypatch.setenv("NOTIFYQ_ARCHIVE_AFTER", "3600")
-    assert Settings.load().archive_after == 3600
-    assert Settings.load(archive_after=60).archive_after == 60  # the CLI flag wins
-    monkeypatch.setenv("NOTIFYQ_ARCHIVE_AFTER", "-1")
-    with pytest.raises(ConfigurationError, match="NOTIFYQ_ARCHIVE_AFTER"):
-        Settings.load()
-
-
-def test_an_archived_day_is_kept_as_long_as_the_longest_keep() -> None:
-    keeps = {"keep_completed": DAY, "keep_failed": 30 * DAY, "keep_cancelled": 2 * DAY}
-    assert archive_keep(Settings(**keeps)) == 30 * DAY
-    # One status kept for good (failed jobs are, by default): archived days too.
-    assert archive_keep(Settings(**{**keeps, "keep_failed": None})) is None
-
-
-async def test_a_negative_archive_flag_is_one_line() -> None:
-    done = await anyio.run_process(
-        [sys.executable, "-m", "notifyq", "worker", "--archive-after", "-5"],
-        env=notifyq_env("postgresql://nobody@127.0.0.1:1/none"),
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert "--archive-after" in done.stderr.decode()
 
 
 # -- what moves -----------------------------------------------------------------------------------

@@ -3,44 +3,26 @@ and leaves no scratch database or process behind. Speed is not asserted here.
 
 The bench is a distribution of its own (benchmarks/, notifyq-bench) that CI does not install:
 these tests run it from this checkout, with benchmarks/ on the path.
+
+The tests of this that need no database are in tests/unit/test_bench.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import psycopg
 import pytest
 
 from notifyq.settings import DEFAULT_LOCAL_URL
-from tests.helpers import ROOT
-
-BENCH_ROOT = ROOT / "benchmarks"
-
-
-def _bench_env(**extra: str) -> dict[str, str]:
-    """The environment of a process that runs ``notifyq bench`` from this checkout, with the
-    bench importable whether it is installed or not."""
-    env = {**os.environ, **extra}
-    path = (str(BENCH_ROOT), str(ROOT), env.get("PYTHONPATH", ""))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-    return env
-
-
-def _bench_module(name: str) -> ModuleType:
-    """The bench's module ``name``, imported from this checkout."""
-    if str(BENCH_ROOT) not in sys.path:
-        sys.path.insert(0, str(BENCH_ROOT))
-    return importlib.import_module(name)
+from tests.unit.test_bench import _bench_env, _bench_module
 
 
 @pytest.mark.slow
@@ -255,41 +237,6 @@ def _processes_mentioning(names: list[str]) -> list[int]:
     return found
 
 
-def test_bench_refuses_an_unknown_scenario() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "notifyq", "bench", "--scenario", "nope"],
-        cwd=ROOT,
-        env=_bench_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert "unknown scenario" in done.stderr
-
-
-def test_notifyq_bench_says_how_to_install_the_bench_when_it_is_missing() -> None:
-    # As if notifyq-bench were not installed, also where it is. Asked to run (not for help,
-    # which always works: tests/test_cli.py), it says what to install.
-    script = (
-        "import sys; sys.modules['notifyq_bench'] = None; "
-        "from notifyq.cli import main; sys.exit(main(['bench', '--quick']))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=_bench_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "notifyq bench: needs notifyq-bench; from a source checkout: pip install -e ./benchmarks"
-    ]
-
-
 async def test_the_floor_table_has_the_columns_indexes_and_checks_of_notifyq_jobs(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
@@ -395,21 +342,6 @@ def test_the_strict_floor_claims_and_completes_in_one_statement_each_job_once(
     assert len(finishes) == 3
     assert len(finishes & set(claims)) == 2
     assert all(finished >= started for _, started, finished, _, _ in rows)
-
-
-def test_peers_that_are_not_installed_are_skipped_with_the_line_that_installs_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    runner = _bench_module("notifyq_bench.runner")
-    monkeypatch.setitem(sys.modules, "pgqueuer", None)
-    monkeypatch.setitem(sys.modules, "procrastinate", None)
-    peers, note = runner.peer_systems(True, ["latency", "throughput"])
-    assert peers == []
-    assert note == (
-        "peers not installed, skipped: pgqueuer, procrastinate; "
-        'install them with pip install -e "./benchmarks[peers]"'
-    )
-    assert runner.peer_systems(False, ["throughput"]) == ([], None)
 
 
 @pytest.mark.parametrize("name", ["pgqueuer", "procrastinate"])

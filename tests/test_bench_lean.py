@@ -3,6 +3,8 @@ SQL to the letter and runs as it says; the ``lean`` scenario reports notifyq aga
 
 Speed is not asserted here: only that the reference is the one defined, and that the scenario
 measures both sides and divides by the right one.
+
+The tests of this that need no database are in tests/unit/test_bench_lean.py.
 """
 
 from __future__ import annotations
@@ -18,25 +20,7 @@ import psycopg
 import pytest
 
 from notifyq.settings import DEFAULT_LOCAL_URL
-from tests.helpers import ROOT
 from tests.test_bench import _bench_env, _bench_module
-
-#: The reference text, beside the checkout where the project's shared files are laid.
-LEAN_TEXT = ROOT.parent / "shared" / "floor" / "LEAN.md"
-
-
-def _words(sql: str) -> list[str]:
-    """SQL without its comments, as a list of tokens: layout is not part of the reference."""
-    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
-    return re.findall(r"\w+|[^\w\s]", "\n".join(lines))
-
-
-def test_the_lean_floor_is_the_reference_texts_sql_to_the_letter() -> None:
-    if not LEAN_TEXT.exists():
-        pytest.skip("the reference text is not beside this checkout")
-    (block,) = re.findall(r"```sql\n(.*?)```", LEAN_TEXT.read_text(), re.DOTALL)
-    lean = _bench_module("notifyq_bench.lean")
-    assert _words(lean.SCHEMA + lean.STATEMENT) == _words(block)
 
 
 @pytest.mark.slow

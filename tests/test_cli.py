@@ -1,4 +1,7 @@
-"""The notifyq command, as a user runs it: real processes, real databases."""
+"""The notifyq command, as a user runs it: real processes, real databases.
+
+The tests of this that need no database are in tests/unit/test_cli.py.
+"""
 
 from __future__ import annotations
 
@@ -173,7 +176,10 @@ def test_wait_prints_the_final_job_and_exits_zero_only_if_it_completed(db_url: s
         (["retry"], "name JOB_IDs"),
         (["cancel", "00000000-0000-0000-0000-000000000000"], "could not be cancelled"),
         (["enqueue", "echo", "--depends-on", "nope"], "is not a job id (a UUID): 'nope'"),
-        (["enqueue", "echo", "--depends-on", f"{uuid.UUID(int=1)},"], "is not a job id (a UUID): ''"),
+        (
+            ["enqueue", "echo", "--depends-on", f"{uuid.UUID(int=1)},"],
+            "is not a job id (a UUID): ''",
+        ),
         (
             ["enqueue", "echo", "--depends-on", str(uuid.UUID(int=7))],
             f"do not exist: {uuid.UUID(int=7)}",
@@ -201,39 +207,6 @@ def test_bench_help_works_without_the_bench_and_says_how_to_install_it(
     # Asked to run, not for help, it still says it cannot.
     assert main(["bench", "--scenario", "idle"]) == 2
     assert "pip install -e ./benchmarks" in capsys.readouterr().err
-
-
-#: The least each command takes, for the parsing test below.
-MINIMAL_ARGS = {
-    "enqueue": ["echo"],
-    "status": [str(uuid.UUID(int=1))],
-    "wait": [str(uuid.UUID(int=1))],
-    "cancel": [str(uuid.UUID(int=1))],
-    "queue": ["mail"],
-    "grant": ["someone", "--as", "worker"],
-}
-
-
-def test_every_command_reads_its_flags_into_its_typed_arguments() -> None:
-    from notifyq.cli._args import Arguments, WorkerOptions
-    from notifyq.cli._main import COMMANDS
-    from notifyq.cli._parser import build_parser
-
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.dest == "command")
-    assert set(COMMANDS) == set(subparsers.choices or ()) - {"bench"}
-    for name in COMMANDS:
-        argv = ["--log-level", "debug", name, *MINIMAL_ARGS.get(name, [])]
-        args = COMMANDS[name](parser.parse_args(argv)).arguments
-        assert isinstance(args, Arguments) and args.log_level == "DEBUG"
-        # Only `notifyq dev` may run without DATABASE_URL (it finds its own database).
-        assert args.needs_database_url() == (name != "dev"), name
-        assert args.long_running == isinstance(args, WorkerOptions), name
-    worker = parser.parse_args(["worker", "--import", "a", "--import", "b,c", "--queues", "q"])
-    overrides = COMMANDS["worker"](worker).arguments.settings_overrides()
-    assert (overrides["imports"], overrides["queues"]) == ("a,b,c", "q")
-    printing = parser.parse_args(["grant", "someone", "--as", "producer", "--print"])
-    assert not COMMANDS["grant"](printing).arguments.needs_database_url()
 
 
 def test_usage_errors_exit_2(db_url: str) -> None:
@@ -507,35 +480,6 @@ def test_the_image_command_without_a_token_stops_with_one_line(db_url: str) -> N
 
 
 # -- secrets in messages ---------------------------------------------------------------------
-
-
-REDACTED = [
-    ("postgresql://u:p@ss:w@rd@db.example:5432/x", "postgresql://u:***@db.example:5432/x"),
-    ("postgresql://u:p%40ss%3Aw@db.example/x", "postgresql://u:***@db.example/x"),
-    (
-        "postgres://u:pw@h1:5432,h2:5433/x?sslmode=require",
-        "postgres://u:***@h1:5432,h2:5433/x?sslmode=require",
-    ),
-    (
-        "postgresql://db.example/x?user=u&password=pw&sslmode=require",
-        "postgresql://db.example/x?user=u&password=***&sslmode=require",
-    ),
-    ("host=db.example password=pw dbname=x", "host=db.example password=*** dbname=x"),
-    ("host=db.example password = pw", "host=db.example password = ***"),
-    ("host=db.example password='a b' dbname=x", "host=db.example password=*** dbname=x"),
-    ("password='it\\'s a \\\\ b' host=db.example", "password=*** host=db.example"),
-    ("host=db.example PASSWORD=pw", "host=db.example PASSWORD=***"),
-    # Nothing to hide:
-    ("postgresql://u@db.example/x", "postgresql://u@db.example/x"),
-    ("host=db.example user=u dbname=x", "host=db.example user=u dbname=x"),
-    ("postgresql:///x", "postgresql:///x"),
-]
-
-
-def test_redact_hides_every_form_of_password() -> None:
-    from notifyq.db import redact
-
-    assert [redact(dsn) for dsn, _ in REDACTED] == [shown for _, shown in REDACTED]
 
 
 def test_an_unreachable_keyword_dsn_does_not_show_its_password() -> None:

@@ -1,4 +1,7 @@
-"""The Python client, notifyq.Queue."""
+"""The Python client, notifyq.Queue.
+
+The tests of this that need no database are in tests/unit/test_client.py.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from typing import Any
 import psycopg
 import pytest
 
-import notifyq
 from notifyq import InvalidJob, JobSpec, JobStatus, Queue
 from notifyq.settings import Settings
 from tests.helpers import running_worker, wait_for_status
@@ -189,9 +191,3 @@ async def test_wait_answers_the_finished_job(db_url: str, settings: Settings) ->
         job = await q.wait(result.job_id, timeout=5)
     assert job.status is JobStatus.COMPLETED
     assert job.result == {"message": "Hello, notifyq!"}
-
-
-def test_public_names_are_exported() -> None:
-    for name in notifyq.__all__:
-        assert getattr(notifyq, name) is not None
-    assert notifyq.Queue is Queue

@@ -7,6 +7,8 @@ context is the Dockerfile's COPY lines filtered by .dockerignore, the package is
 installed from exactly those files, and each service's command runs with the image's ENV and
 WORKDIR and the service's environment, against a role and database like the ``db`` service's
 on the test server. Then it checks what the files' comments promise.
+
+The tests of this that need no database are in tests/unit/test_compose.py.
 """
 
 from __future__ import annotations
@@ -30,64 +32,20 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 import psycopg
 import pytest
-import yaml
 from psycopg import sql
 
 from notifyq.queries import sql_dir
-from notifyq.settings import Settings
 from tests.helpers import ROOT, Process, processes
+from tests.unit.test_compose import (
+    COMPOSE,
+    load_compose,
+    seconds,
+)
 
-COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 
 
 # -- compose's reading of docker-compose.yml ----------------------------------------------------
-
-
-class ComposeError(Exception):
-    """What ``docker compose`` would print and stop with."""
-
-
-# $$, ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?message}, ${NAME?message},
-# ${NAME:+other}, ${NAME+other} and $NAME, as compose's interpolation reads them.
-_VARIABLE = re.compile(
-    r"\$(?:(?P<escaped>\$)|\{(?P<name>\w+)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}|(?P<bare>\w+))"
-)
-
-
-def interpolate(value: str, env: dict[str, str], where: str) -> str:
-    def substitute(match: re.Match[str]) -> str:
-        if match.group("escaped"):
-            return "$"
-        name = match.group("name") or match.group("bare")
-        op, arg = match.group("op") or "", match.group("arg") or ""
-        is_set = name in env
-        has_value = bool(env.get(name))
-        present = has_value if op.startswith(":") else is_set
-        if op.endswith("?") and not present:
-            raise ComposeError(
-                f"error while interpolating {where}: required variable {name} is missing a "
-                f"value: {arg}"
-            )
-        if op.endswith("-"):
-            return env[name] if present else arg
-        if op.endswith("+"):
-            return arg if present else ""
-        return env.get(name, "")
-
-    return _VARIABLE.sub(substitute, value)
-
-
-def _interpolated(node: Any, env: dict[str, str], where: str) -> Any:
-    if isinstance(node, str):
-        return interpolate(node, env, where)
-    if isinstance(node, dict):
-        return {
-            k: _interpolated(v, env, f"{where}.{k}" if where else str(k)) for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_interpolated(v, env, f"{where}[{i}]") for i, v in enumerate(node)]
-    return node
 
 
 def read_dotenv(path: Path) -> dict[str, str]:
@@ -102,21 +60,6 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return env
 
 
-def load_compose(env: dict[str, str]) -> dict[str, Any]:
-    """docker-compose.yml as compose sees it with ``env`` (the shell's variables over .env's):
-    YAML merge keys resolved (PyYAML's safe loader does ``<<:`` as YAML 1.1 says, which is what
-    compose follows), ``x-`` extension fields dropped, values interpolated."""
-    document = yaml.safe_load(COMPOSE.read_text())
-    document = {k: v for k, v in document.items() if not k.startswith("x-")}
-    interpolated: dict[str, Any] = _interpolated(document, env, "")
-    for service in interpolated["services"].values():
-        environment = service.get("environment", {})
-        if isinstance(environment, list):  # the KEY=value list form
-            environment = dict(item.split("=", 1) for item in environment)
-        service["environment"] = {k: "" if v is None else str(v) for k, v in environment.items()}
-    return interpolated
-
-
 def header_command(pattern: str) -> str:
     """The shell command of the compose file's header comment that matches ``pattern``, its
     backslash-continued lines joined."""
@@ -129,14 +72,6 @@ def header_command(pattern: str) -> str:
     match = re.search(pattern, text, re.M)
     assert match is not None, f"the header of docker-compose.yml has no {pattern!r}"
     return match.group(0)
-
-
-def seconds(duration: str) -> float:
-    """A compose duration (``30s``, ``1m30s``, ``500ms``) in seconds."""
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
-    assert parts and "".join(n + u for n, u in parts) == duration, duration
-    return sum(float(n) * units[u] for n, u in parts)
 
 
 # -- the Dockerfile and its build context ----------------------------------------------------
@@ -391,34 +326,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def test_compose_requires_a_token_and_publishes_on_loopback_only() -> None:
-    with pytest.raises(ComposeError) as missing:
-        load_compose({})
-    message = str(missing.value)
-    assert "required variable NOTIFYQ_API_TOKEN is missing a value" in message
-    assert ".env next to docker-compose.yml" in message  # it says how to set one
-    with pytest.raises(ComposeError):
-        load_compose({"NOTIFYQ_API_TOKEN": ""})  # :? refuses an empty value too
-
-    services = load_compose({"NOTIFYQ_API_TOKEN": "t0ken"})["services"]
-    assert set(services) == {"db", "api", "worker"}
-    published = [port for service in services.values() for port in service.get("ports", [])]
-    assert published == ["127.0.0.1:8000:8000"]
-    api, worker = services["api"], services["worker"]
-    # The api's own environment block merges the shared one rather than replacing it.
-    assert api["environment"]["NOTIFYQ_API_TOKEN"] == "t0ken"
-    assert api["environment"]["DATABASE_URL"] == worker["environment"]["DATABASE_URL"]
-    assert "NOTIFYQ_API_TOKEN" not in worker["environment"]
-    assert worker["deploy"]["replicas"] == 2
-    for service in (api, worker):
-        assert service["depends_on"] == {"db": {"condition": "service_healthy"}}
-        # Workers drain within NOTIFYQ_SHUTDOWN_GRACE before Docker's SIGKILL, as the
-        # comment says, only if the grace is shorter than the stop grace period.
-        grace = float(service["environment"].get("NOTIFYQ_SHUTDOWN_GRACE", 25))
-        assert grace == Settings.model_fields["shutdown_grace"].default == 25
-        assert grace < seconds(service["stop_grace_period"])
 
 
 @pytest.mark.slow  # the image fixture builds and installs a wheel (about 10 s)

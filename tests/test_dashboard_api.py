@@ -1,6 +1,9 @@
 """The routes the dashboard's pages read: the payload search of GET /jobs, POST /jobs/bulk,
 GET /queues/states, GET /workers, GET /scheduled (with POST /jobs/{id}/run-now) and
-GET /periodic; bounded, and bad input answered 4xx."""
+GET /periodic; bounded, and bad input answered 4xx.
+
+The tests of this that need no database are in tests/unit/test_dashboard_api.py.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from pydantic import SecretStr
 from notifyq import Snooze
 from notifyq.api import create_app
 from notifyq.api.routes import jobs as jobs_routes
-from notifyq.api.routes.schedule import describe_cron
 from notifyq.builtins import worker_registry
 from notifyq.retry import Backoff
 from notifyq.settings import Settings
@@ -31,6 +33,7 @@ from tests.helpers import (
     wait_for_status,
     wait_until,
 )
+from tests.unit.test_dashboard_api import DEEP
 
 
 @contextlib.asynccontextmanager
@@ -45,8 +48,6 @@ async def api(settings: Settings, **overrides: Any) -> AsyncIterator[httpx.Async
         yield client
 
 
-#: A JSON value nested deeper than notifyq reads (jsonb would take it).
-DEEP: Any = 1
 for _ in range(120):
     DEEP = [DEEP]
 
@@ -621,20 +622,3 @@ async def test_periodic_says_when_no_live_worker_enqueues_a_task_any_more(
     assert rows["nightly"]["description"] == "every day at 02:30 UTC"
     assert rows["fresh"]["state"] == "pending"
     assert rows["broken"]["state"] == "invalid" and rows["broken"]["next_tick"] is None
-
-
-@pytest.mark.parametrize(
-    ("cron", "words"),
-    [
-        ("*/15 * * * *", "every 15 minutes"),
-        ("5 * * * *", "every hour at :05"),
-        ("0 */6 * * *", "every 6 hours at :00"),
-        ("0 9 * * 1-5", "every weekday (Monday to Friday) at 09:00 UTC"),
-        ("0 9 * * 1", "every Monday at 09:00 UTC"),
-        ("0 0 1 * *", "on day 1 of every month at 00:00 UTC"),
-        ("0 0 1 1 *", None),
-        ("@daily", "every day at 00:00 UTC"),
-    ],
-)
-def test_common_cron_expressions_are_told_in_words(cron: str, words: str | None) -> None:
-    assert describe_cron(cron) == words

@@ -1,7 +1,10 @@
 """The Django app (notifyq.django), tested as a Django project tests itself: Django's
 own test runner runs the tiny project of tests/django_project (its tests are in
 tests/django_project/shop/tests.py) on this server, in a test database it creates from the
-migrations, notifyq's schema included, and drops."""
+migrations, notifyq's schema included, and drops.
+
+The tests of this that need no database are in tests/unit/test_django.py.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +17,10 @@ import pytest
 
 from tests.conftest import PREFIX
 from tests.helpers import ROOT
-from tests.readme import readme_block
 
 pytest.importorskip("django")
 
 MANAGE = "tests/django_project/manage.py"
-PROJECT = ROOT / "tests" / "django_project"
 
 
 def _project_env(server_url: str, database: str, **extra: str) -> dict[str, str]:
@@ -86,9 +87,3 @@ def test_the_worker_commands_help_shows_the_defaults_in_effect(server_url: str) 
     assert "seconds between fallback polls (default 30)" in shown
     assert "queues to serve (default: mail,default)" in shown
     assert "default 10" not in shown and "default 5)" not in shown
-
-
-@pytest.mark.parametrize("path", ["shop/tasks.py", "shop/views.py"])
-def test_the_readmes_django_files_are_the_tested_ones(path: str) -> None:
-    block = readme_block(f"# {path}\n")
-    assert block.split("\n", 1)[1] == (PROJECT / path).read_text()

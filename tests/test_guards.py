@@ -1,6 +1,9 @@
 """The HTTP guards against a real PostgreSQL: the contract's "Safe by default" lines on tokens,
 Host names and cross-site requests, /health's details, CORS preflights, and the cap on a
-request's head (a real `notifyq serve` on a loopback port, fed by a raw socket)."""
+request's head (a real `notifyq serve` on a loopback port, fed by a raw socket).
+
+The tests of this that need no database are in tests/unit/test_guards.py.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +19,12 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from notifyq import guards
 from notifyq.api import create_app
 from notifyq.errors import ConfigurationError
 from notifyq.settings import Settings
 from tests.helpers import insert_in_state, notifyq_env, processes
+from tests.unit.test_guards import TOKEN
 
-TOKEN = "s3cret-token"
 RIGHT = {"authorization": f"Bearer {TOKEN}"}
 EVIL = "https://evil.example"
 
@@ -51,18 +53,6 @@ async def paused(conn: psycopg.AsyncConnection[Any], queue: str) -> bool:
 # -- the token ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["", " ", "\t \n"])
-def test_an_empty_or_blank_token_is_a_settings_error(value: str) -> None:
-    with pytest.raises(ConfigurationError, match="NOTIFYQ_API_TOKEN"):
-        Settings.load(api_token=value)
-
-
-def test_an_empty_token_from_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NOTIFYQ_API_TOKEN", "")
-    with pytest.raises(ConfigurationError, match="NOTIFYQ_API_TOKEN: is empty"):
-        Settings.load()
-
-
 @pytest.mark.parametrize("value", ["", "   "])
 def test_the_app_refuses_a_blank_token_that_skipped_validation(
     settings: Settings, value: str
@@ -72,24 +62,7 @@ def test_the_app_refuses_a_blank_token_that_skipped_validation(
         create_app(settings.model_copy(update={"api_token": SecretStr(value)}))
 
 
-def test_a_token_is_stripped_of_surrounding_whitespace() -> None:
-    token = Settings.load(api_token=f"  {TOKEN}\n").api_token
-    assert token is not None and token.get_secret_value() == TOKEN
-
-
 # -- binding --------------------------------------------------------------------------------
-
-
-def test_only_loopback_binds_go_without_a_token_or_an_explicit_opt_out() -> None:
-    # (`notifyq serve --host 0.0.0.0` itself is refused in test_cli, without binding.)
-    for host in ("127.0.0.1", "127.0.0.5", "::1", "[::1]", "localhost"):
-        assert guards.bind_refusal(Settings.load(host=host)) is None, host
-    for host in ("0.0.0.0", "::", "192.168.1.5", "example.internal"):
-        reason = guards.bind_refusal(Settings.load(host=host))
-        assert reason is not None and "NOTIFYQ_API_TOKEN" in reason, host
-        assert "NOTIFYQ_ALLOW_UNAUTHENTICATED=true" in reason and "\n" not in reason
-        assert guards.bind_refusal(Settings.load(host=host, api_token=TOKEN)) is None
-        assert guards.bind_refusal(Settings.load(host=host, allow_unauthenticated=True)) is None
 
 
 # -- Host, without a token (DNS rebinding) --------------------------------------------------

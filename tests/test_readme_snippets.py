@@ -6,20 +6,21 @@ not collide with each other.
 
 The one liberty taken: a server started here listens on a free port, not the README's, and the
 README's command that reaches it has its port mapped to that one (another test, or a developer's
-``notifyq dev``, may hold the README's port)."""
+``notifyq dev``, may hold the README's port).
+
+The tests of this that need no database are in tests/unit/test_readme_snippets.py.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +29,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from notifyq import SyncQueue
-from tests.docs import blocks
 from tests.helpers import ROOT, Process, notifyq_env, processes
 from tests.readme import readme_block
-
-# The port of every server command the README's shell blocks run, when they name none.
-DEFAULT_PORT = 8000
-SERVER = re.compile(
-    r"(?P<server>notifyq (?:dev|serve)|uvicorn \S+|manage\.py runserver)"
-    r"(?P<args>[^#\n]*)"
-)
+from tests.unit.test_readme_snippets import DEFAULT_PORT, server_port, shell_blocks
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def shell_blocks() -> list[str]:
-    """The shell blocks of the README and of every page of the site."""
-    return [block.code for block in blocks("sh")]
 
 
 def shell_line(start: str, *holding: str) -> str:
@@ -58,15 +47,6 @@ def shell_line(start: str, *holding: str) -> str:
             if line.startswith(start) and all(part in line for part in holding):
                 return line
     raise AssertionError(f"README.md has no shell line {start!r}...{holding!r}")
-
-
-def server_port(server: str, args: str) -> int:
-    words = shlex.split(args, comments=True)
-    if "--port" in words:
-        return int(words[words.index("--port") + 1])
-    if server == "manage.py runserver" and words and words[0].isdigit():
-        return int(words[0])
-    return DEFAULT_PORT
 
 
 def on_port(command: str, readme_port: int, port: int) -> str:
@@ -140,22 +120,6 @@ def wait_for_port(process: Process, port: int, timeout: float = 30) -> None:
 
 
 # -- ports -----------------------------------------------------------------------------------
-
-
-def test_the_readmes_servers_each_listen_on_a_port_of_their_own() -> None:
-    # A user follows the README with `notifyq dev` still running on 8000: every other server
-    # it starts needs another port, and every curl must reach one of them.
-    servers: dict[int, set[str]] = defaultdict(set)
-    for block in shell_blocks():
-        for line in block.splitlines():
-            for match in SERVER.finditer(line.split(" #", 1)[0]):
-                servers[server_port(match["server"], match["args"])].add(match["server"])
-    assert servers[DEFAULT_PORT] == {"notifyq dev"}, dict(servers)
-    shared = {port: names for port, names in servers.items() if len(names) > 1}
-    assert not shared, f"servers of the README sharing a port: {shared}"
-    for block in shell_blocks():
-        for port in re.findall(r"curl .*?http://127\.0\.0\.1:(\d+)/", block):
-            assert int(port) in servers, f"a curl to port {port}, where no server listens"
 
 
 # -- the API ---------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The blocking client, notifyq.SyncQueue: what notifyq.Queue does, from threads, without an event
 loop. Against a real database, real notifications and a real worker (in a thread of its own, as
-a web app's worker would run beside its views)."""
+a web app's worker would run beside its views).
+
+The tests of this that need no database are in tests/unit/test_sync_queue.py.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +21,8 @@ import psycopg
 import pytest
 from anyio.from_thread import start_blocking_portal
 
-import notifyq
 from notifyq import JobSpec, JobStatus, Queue, SyncQueue
-from notifyq.errors import ConfigurationError, InvalidJob, NotifyQError
+from notifyq.errors import InvalidJob, NotifyQError
 from notifyq.settings import Settings
 from notifyq.tasks import Registry
 from notifyq.worker import Worker
@@ -208,17 +210,6 @@ def test_bad_input_raises_what_queue_raises(
     assert type(caught.value) is type(expected)
     assert str(caught.value) == str(expected)
     assert scalar(db_url, "SELECT count(*) FROM notifyq.jobs") == 0
-
-
-def test_without_a_database_url_it_refuses_as_queue_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    with pytest.raises(ConfigurationError) as sync_refusal:
-        SyncQueue()
-    with pytest.raises(ConfigurationError) as async_refusal:
-        Queue()
-    assert str(sync_refusal.value) == str(async_refusal.value)
 
 
 async def test_an_async_connection_is_refused_with_a_clear_error(
@@ -451,8 +442,3 @@ def test_the_pool_opens_on_first_use_and_close_ends_every_connection(db_url: str
     with pytest.raises(RuntimeError, match="closed"):
         q.get(result.job_id)
     q.close()  # twice is fine
-
-
-def test_public_name_is_exported() -> None:
-    assert "SyncQueue" in notifyq.__all__
-    assert notifyq.SyncQueue is SyncQueue

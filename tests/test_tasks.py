@@ -1,10 +1,12 @@
-"""The task system: options, payload models, job context, limits, periodic jobs, retention."""
+"""The task system: options, payload models, job context, limits, periodic jobs, retention.
+
+The tests of this that need no database are in tests/unit/test_tasks.py.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -14,11 +16,9 @@ from pydantic import BaseModel, Field
 from notifyq import JobContext, current_job
 from notifyq.builtins import worker_registry
 from notifyq.client import Queue
-from notifyq.errors import TaskError
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task
 from notifyq.worker import Worker
-from notifyq.worker._periodic import ticks as _ticks
 from tests.helpers import (
     ROOT,
     insert_in_state,
@@ -97,21 +97,6 @@ async def test_handlers_see_their_job(settings: Settings, conn: Any) -> None:
         current_job()
 
 
-def test_bad_task_definitions_are_refused() -> None:
-    async def two_payloads(a: dict[str, Any], b: dict[str, Any], c: int) -> None: ...
-
-    async def fine(payload: dict[str, Any]) -> None: ...
-
-    with pytest.raises(TaskError, match="must take the payload"):
-        make_task(two_payloads)
-    with pytest.raises(TaskError, match="cron expression"):
-        make_task(fine, cron="every tuesday")
-    with pytest.raises(TaskError, match="max_concurrency"):
-        make_task(fine, max_concurrency=0)
-    with pytest.raises(TaskError, match="rate_limit"):
-        make_task(fine, rate_limit=-1)
-
-
 async def test_a_tasks_queue_and_priority_are_the_defaults(settings: Settings, db_url: str) -> None:
     async def mail(payload: dict[str, Any]) -> None: ...
 
@@ -180,14 +165,6 @@ async def test_a_queue_rate_limit_holds(settings: Settings, conn: Any) -> None:
     )
     # One token at a time, four per second: six jobs span at least five refills.
     assert float((await cursor.fetchone())[0]) >= 1.1
-
-
-def test_ticks_of_a_cron_expression() -> None:
-    start = datetime(2026, 11, 30, 12, 3, 10, tzinfo=timezone.utc)
-    ticks = _ticks("*/5 * * * *", start, start + timedelta(minutes=12))
-    assert [t.minute for t in ticks] == [5, 10, 15]
-    assert _ticks("*/5 * * * *", start, start) == []
-    assert len(_ticks("* * * * *", start, start + timedelta(days=1))) == 100
 
 
 async def test_a_periodic_tick_is_enqueued_once_by_many_workers(

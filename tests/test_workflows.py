@@ -1,5 +1,8 @@
 """Dependencies, groups, snooze, progress and pushed waits, through Python and SQL, against a real
-database, real notifications and real workers."""
+database, real notifications and real workers.
+
+The tests of this that need no database are in tests/unit/test_workflows.py.
+"""
 
 from __future__ import annotations
 
@@ -481,14 +484,6 @@ async def test_snooze_puts_the_job_back_without_counting_an_attempt(
     assert calls == [1, 1] and job.attempt_count == 1
     assert time.monotonic() - snoozed_at >= 0.3
     assert worker.stats.snoozed == 1
-
-
-def test_snooze_refuses_a_bad_delay() -> None:
-    for bad in (-1, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="seconds"):
-            Snooze(bad)
-    with pytest.raises(TypeError):
-        Snooze("5")  # type: ignore[arg-type]
 
 
 async def test_progress_is_stored_coalesced_and_visible_while_running(

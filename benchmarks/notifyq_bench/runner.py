@@ -191,6 +191,32 @@ def peer_systems(wanted: bool, scenarios: list[str]) -> tuple[list[Peer], str | 
     return peers, note
 
 
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why these options cannot run (a usage error), or None."""
+    if args.repeat is not None and args.repeat < 1:
+        return "--repeat must be at least 1"
+    if not 0 <= args.lan_delay <= 1000:
+        return "--lan-delay must be from 0 to 1000 (ms)"
+    if args.plot is not None:
+        return matplotlib_missing()
+    return None
+
+
+def _report(results: Results, args: argparse.Namespace) -> None:
+    """The figures and notes on stdout; the JSON and the plot where the options asked."""
+    if results.figures:
+        print(text_table(results.figures))
+    for note in results.notes:
+        print(f"note: {note}")
+    if args.json is not None:
+        results.write_json(args.json)
+        print(f"results written to {args.json}", file=sys.stderr)
+    if args.plot is not None and "concurrency" in results.raw:
+        plot(results, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    print(f"bench took {results.meta['seconds']:.0f}s", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -203,17 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"notifyq bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.repeat is not None and args.repeat < 1:
-        print("notifyq bench: error: --repeat must be at least 1", file=sys.stderr)
+    refusal = _refusal(args)
+    if refusal is not None:
+        print(f"notifyq bench: error: {refusal}", file=sys.stderr)
         return EXIT_USAGE
-    if not 0 <= args.lan_delay <= 1000:
-        print("notifyq bench: error: --lan-delay must be from 0 to 1000 (ms)", file=sys.stderr)
-        return EXIT_USAGE
-    if args.plot is not None:
-        missing = matplotlib_missing()
-        if missing:
-            print(f"notifyq bench: error: {missing}", file=sys.stderr)
-            return EXIT_USAGE
     repeat = args.repeat or (1 if args.quick else 5)
     url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
     sizes = Sizes.of(args.quick)
@@ -282,17 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results.meta["seconds"] = round(time.monotonic() - started, 1)
     results.meta["interrupted"] = interrupted
     results.meta["failed"] = failed
-    if results.figures:
-        print(text_table(results.figures))
-    for note in results.notes:
-        print(f"note: {note}")
-    if args.json is not None:
-        results.write_json(args.json)
-        print(f"results written to {args.json}", file=sys.stderr)
-    if args.plot is not None and "concurrency" in results.raw:
-        plot(results, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    print(f"bench took {results.meta['seconds']:.0f}s", file=sys.stderr)
+    _report(results, args)
     if interrupted:
         print("notifyq bench: interrupted; scratch databases dropped", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 import anyio
 from fastapi import FastAPI, Request
@@ -24,7 +25,7 @@ from fastapi_offline import FastAPIOffline
 
 from notifyq._version import __version__
 from notifyq.api import errors, fast, middleware
-from notifyq.api.deps import documented_guard
+from notifyq.api.deps import WorkerHost, documented_guard
 from notifyq.api.routes import events, jobs, ops, queues, schedule, workflows
 from notifyq.api.schemas import ErrorOut
 from notifyq.bootstrap import require_database
@@ -36,7 +37,7 @@ from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
 from notifyq.tasks import Registry
-from notifyq.tracing import tracing
+from notifyq.tracing import Tracing, tracing
 from notifyq.watching import JobWatcher
 from notifyq.worker import Supervisor, Worker
 
@@ -92,57 +93,11 @@ def create_app(
     metrics = Metrics()
     tracer = tracing(settings)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.auto_migrate:
-            await migrate(settings)
-        # One pool for the API and its worker, with room for the worker's own statements
-        # (a claim, a flush, a heartbeat and a rescue may run at once).
-        size = settings.pool_size + (WORKER_CONNECTIONS if settings.run_worker else 0)
-        async with (
-            open_pool(settings, name="api", min_size=1, max_size=size, wait=False) as pool,
-            anyio.create_task_group() as background,
-        ):
-            store = Store(
-                pool, default_max_attempts=explicit_max_attempts(settings), tracing=tracer
-            )
-            app.state.store = store
-            listener = _listener(settings)
-            if settings.run_worker:
-                # Like a worker with a listener of its own: live before its first claim, and
-                # a LISTEN that cannot work (a pooler between) stops the start with its reason.
-                await background.start(listener.run)
-            else:
-                background.start_soon(_keep_listening, listener)
-            watcher = JobWatcher(
-                store, listener, fallback=settings.poll_interval, max_watches=settings.max_streams
-            )
-            await background.start(watcher.run)
-            app.state.watcher = watcher
-            try:
-                if not settings.run_worker:
-                    yield
-                    return
-                supervisor = Supervisor(
-                    lambda: Worker(
-                        settings, registry, metrics=metrics, store=store, listener=listener
-                    )
-                )
-                app.state.supervisor = supervisor
-                async with anyio.create_task_group() as tg:
-                    await tg.start(supervisor.run)
-                    try:
-                        yield
-                    finally:
-                        supervisor.stop()
-            finally:
-                background.cancel_scope.cancel()
-
     app = FastAPIOffline(
         title="notifyq",
         version=__version__,
         description="A PostgreSQL job queue: jobs start the instant they are committed.",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings, registry, metrics, tracer),
         responses={503: {"model": ErrorOut, "description": "The database is unreachable."}},
         static_url=DOCS_ASSETS,
         # Swagger UI's validator badge would send the schema's address to a public validator.
@@ -180,6 +135,64 @@ def create_app(
     app.include_router(ops.open_router)
     ops.add_dashboard(app)
     return app
+
+
+def _lifespan(
+    settings: Settings, registry: Registry | None, metrics: Metrics, tracer: Tracing
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: migrates (with ``auto_migrate``), opens the pool, starts the
+    listener and the job watcher, and, with ``run_worker``, the in-process worker under its
+    supervisor; stops them all, in reverse, at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auto_migrate:
+            await migrate(settings)
+        # One pool for the API and its worker, with room for the worker's own statements
+        # (a claim, a flush, a heartbeat and a rescue may run at once).
+        size = settings.pool_size + (WORKER_CONNECTIONS if settings.run_worker else 0)
+        async with (
+            open_pool(settings, name="api", min_size=1, max_size=size, wait=False) as pool,
+            anyio.create_task_group() as background,
+        ):
+            store = Store(
+                pool, default_max_attempts=explicit_max_attempts(settings), tracing=tracer
+            )
+            app.state.store = store
+            listener = _listener(settings)
+            if settings.run_worker:
+                # Like a worker with a listener of its own: live before its first claim, and
+                # a LISTEN that cannot work (a pooler between) stops the start with its reason.
+                await background.start(listener.run)
+            else:
+                background.start_soon(_keep_listening, listener)
+            watcher = JobWatcher(
+                store, listener, fallback=settings.poll_interval, max_watches=settings.max_streams
+            )
+            await background.start(watcher.run)
+            app.state.watcher = watcher
+            try:
+                if not settings.run_worker:
+                    yield
+                    return
+                supervisor = Supervisor(
+                    lambda: Worker(
+                        settings, registry, metrics=metrics, store=store, listener=listener
+                    )
+                )
+                # What the routes read of it (checked here, where both are known).
+                host: WorkerHost = supervisor
+                app.state.supervisor = host
+                async with anyio.create_task_group() as tg:
+                    await tg.start(supervisor.run)
+                    try:
+                        yield
+                    finally:
+                        supervisor.stop()
+            finally:
+                background.cancel_scope.cancel()
+
+    return lifespan
 
 
 def _add_redoc(app: FastAPI) -> None:

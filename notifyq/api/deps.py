@@ -10,7 +10,7 @@ directly.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import anyio
 from fastapi import Depends, Request
@@ -18,9 +18,34 @@ from fastapi.params import Depends as DependsParam
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from notifyq.metrics import Metrics
+from notifyq.notifier import Listener
 from notifyq.settings import Settings
 from notifyq.store import Store
-from notifyq.worker import Supervisor
+
+
+class HostedWorker(Protocol):
+    """What /ready and /health read of the worker running in this process."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def running_jobs(self) -> int: ...
+
+    @property
+    def listener(self) -> Listener | None: ...
+
+
+class WorkerHost(Protocol):
+    """What the routes read of the supervisor of the worker running in this process: the
+    routes know the worker only through this, and only ``create_app``'s lifespan, which
+    starts a :class:`notifyq.worker.Supervisor`, knows the worker package."""
+
+    @property
+    def worker(self) -> HostedWorker | None: ...
+
+    @property
+    def problem(self) -> str | None: ...
 
 
 async def store_of(request: Request) -> Store:
@@ -41,9 +66,9 @@ async def metrics_of(request: Request) -> Metrics:
     return metrics
 
 
-async def supervisor_of(request: Request) -> Supervisor | None:
+async def supervisor_of(request: Request) -> WorkerHost | None:
     """The supervisor of the worker running in this process, or None when there is none."""
-    supervisor: Supervisor | None = getattr(request.app.state, "supervisor", None)
+    supervisor: WorkerHost | None = getattr(request.app.state, "supervisor", None)
     return supervisor
 
 
@@ -56,7 +81,7 @@ async def scrape_lock_of(request: Request) -> anyio.Lock:
 StoreDep = Annotated[Store, Depends(store_of)]
 SettingsDep = Annotated[Settings, Depends(settings_of)]
 MetricsDep = Annotated[Metrics, Depends(metrics_of)]
-SupervisorDep = Annotated[Supervisor | None, Depends(supervisor_of)]
+SupervisorDep = Annotated[WorkerHost | None, Depends(supervisor_of)]
 ScrapeLockDep = Annotated[anyio.Lock, Depends(scrape_lock_of)]
 
 #: Declares the bearer scheme in the OpenAPI document (so /docs can send it); TokenGuard

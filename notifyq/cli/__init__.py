@@ -3,7 +3,6 @@
 Inside, private modules by concern, each importing only those listed before it:
 
 - ``_errors``: exit codes, :class:`Failed`, the one line a failure prints.
-- ``_signals``: SIGTERM/SIGINT, the hard exit a second signal asks for, hanging threads.
 - ``_output``: progress lines, and the tables of queues, jobs and tasks.
 - ``_args``: each command's arguments as a typed value.
 - ``_parser``: the grammar (commands, flags, their types) that fills those values.
@@ -15,7 +14,8 @@ Inside, private modules by concern, each importing only those listed before it:
 - ``_main``: :func:`main` and the table of commands.
 
 Settings are built at the entry point, from the environment and the flags, and passed down;
-where the database comes from is :mod:`notifyq.bootstrap`'s rule.
+where the database comes from is :mod:`notifyq.bootstrap`'s rule. Signals, the heap and the
+worker process itself are :mod:`notifyq.process`'s, which Django's command shares.
 """
 
 from notifyq.cli._main import main

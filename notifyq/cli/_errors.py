@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import psycopg
-
-from notifyq.db import first_line
 from notifyq.errors import NotifyQError
+from notifyq.process import one_line
 
 #: The command could not do its job (stderr says why, in one line).
 EXIT_ERROR = 1
@@ -28,15 +26,12 @@ class Failed(NotifyQError):
         self.exit_code = exit_code
 
 
-def one_line(exc: BaseException) -> str | None:
-    """What to tell the user about ``exc`` (looking inside exception groups), or None for a
-    bug, which keeps its traceback."""
-    if isinstance(exc, NotifyQError):
-        return str(exc)
-    if isinstance(exc, psycopg.Error):  # from a statement outside the store
-        return f"database error: {first_line(exc)}"
-    for inner in getattr(exc, "exceptions", ()):
-        found = one_line(inner)
-        if found is not None:
-            return found
-    return None
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_JOB_FAILED",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "Failed",
+    "one_line",
+]

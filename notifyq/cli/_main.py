@@ -38,8 +38,8 @@ from notifyq.cli._args import (
 )
 from notifyq.cli._errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Failed, one_line
 from notifyq.cli._parser import arguments, build_parser
-from notifyq.cli._signals import exit_now_if_threads_hang
 from notifyq.logs import configure as configure_logging
+from notifyq.process import exit_now_if_threads_hang
 from notifyq.settings import Settings
 
 A = TypeVar("A", bound=Arguments)

@@ -7,12 +7,10 @@ migrates (or checks the schema, for a role that may not change it), then runs.
 
 from __future__ import annotations
 
-import gc
-import importlib.util
+import functools
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -20,17 +18,16 @@ import anyio
 from notifyq import guards
 from notifyq.bootstrap import dev_database, reset_embedded
 from notifyq.cli._args import DevArgs, MigrateArgs, ServeArgs, WorkerArgs
-from notifyq.cli._errors import Failed, one_line
+from notifyq.cli._errors import Failed
 from notifyq.cli._output import progress, say
-from notifyq.cli._signals import before_hard_exit, stop_on_signals
 from notifyq.db import database_url, redact
 from notifyq.errors import describe
-from notifyq.migrations import check_schema, latest_version
+from notifyq.migrations import latest_version
 from notifyq.migrations import migrate as apply_migrations
+from notifyq.process import before_hard_exit, migrate_or_check, one_line, run_worker, settle_heap
 from notifyq.settings import Settings
 
 if TYPE_CHECKING:
-    from notifyq.metrics import Metrics
     from notifyq.tasks import Registry
 
 logger = logging.getLogger("notifyq")
@@ -42,17 +39,6 @@ def migrate(args: MigrateArgs, settings: Settings) -> int:
     state = f"{len(applied)} migration(s) applied" if applied else "nothing to apply"
     say(f"notifyq: database is up to date (schema version {latest_version()}; {state})")
     return 0
-
-
-async def _migrate_or_check(
-    settings: Settings, *, report: Callable[[str], None] | None = progress
-) -> None:
-    """Migrates, saying each step to ``report`` (None: to the log), or only checks the schema
-    when NOTIFYQ_AUTO_MIGRATE is off."""
-    if settings.auto_migrate:
-        await apply_migrations(settings, progress=report)
-    else:
-        await check_schema(settings)
 
 
 def _prepare_tasks(settings: Settings) -> None:
@@ -76,27 +62,12 @@ def _registry(settings: Settings) -> Registry:
 
 def worker(args: WorkerArgs, settings: Settings) -> int:
     """Runs a standalone worker until SIGTERM/SIGINT (or, with --burst, until nothing is due)."""
-    from notifyq.worker import Worker
-
     # All that needs no database first: a mistake in any of it stops the command before it
-    # migrates.
+    # migrates (run_worker serves the metrics port before it does).
     _prepare_tasks(settings)
     registry = _registry(settings)
-    metrics = _serve_metrics(args.metrics_port, settings)
-
-    async def run() -> None:
-        # Built in the event loop, which a worker's parts may need, but before the migration.
-        worker = Worker(settings, registry, burst=args.burst, metrics=metrics, report_depth=True)
-        await _migrate_or_check(settings, report=None)
-        with before_hard_exit(worker.forget_idle_mark):
-            _settle_heap()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(stop_on_signals, worker.stop)
-                await worker.run()
-                tg.cancel_scope.cancel()
-
     try:
-        anyio.run(run, backend_options={"use_uvloop": _has_uvloop()})
+        run_worker(settings, registry, burst=args.burst, metrics_port=args.metrics_port)
     except Exception as exc:
         if one_line(exc) is not None:
             raise  # a failure main() reports in one line
@@ -108,23 +79,6 @@ def worker(args: WorkerArgs, settings: Settings) -> int:
             "in the log above"
         ) from exc
     return 0
-
-
-def _serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
-    """The worker's metrics, served on ``port`` from now on (None: no port, no metrics)."""
-    if port is None:
-        return None
-    from notifyq.metrics import Metrics
-    from notifyq.metrics_server import serve_metrics
-
-    metrics = Metrics()
-    host = settings.host
-    try:
-        serve_metrics(metrics, settings, host, port)
-    except OSError as exc:
-        raise Failed(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
-    say(f"notifyq: metrics at http://{host}:{port}/metrics")
-    return metrics
 
 
 def serve(args: ServeArgs, settings: Settings) -> int:
@@ -184,7 +138,7 @@ def _run_server(settings: Settings, registry: Registry | None, banner: list[str]
 
     # Migrate (or check the schema) before uvicorn starts, proving that the database
     # answers: a bad URL is one line of error, not a failed lifespan.
-    anyio.run(_migrate_or_check, settings)
+    anyio.run(functools.partial(migrate_or_check, settings, report=progress))
     app = create_app(settings.model_copy(update={"auto_migrate": False}), registry=registry)
     server = Server(
         uvicorn.Config(
@@ -207,26 +161,9 @@ def _run_server(settings: Settings, registry: Registry | None, banner: list[str]
 
     for line in banner:
         say(line)
-    _settle_heap()
+    settle_heap()
     with before_hard_exit(forget_idle_mark):
         server.run()
     if not server.started:
         raise Failed("the server did not start; see the log above")
     return 0
-
-
-def _has_uvloop() -> bool:
-    """Whether uvloop is installed (it is, except on Windows): its event loop spends about
-    half the CPU of asyncio's on a worker's round trips to the database."""
-    return importlib.util.find_spec("uvloop") is not None
-
-
-def _settle_heap() -> None:
-    """Tunes the garbage collector for a long-running server, once everything is imported and
-    built: what exists now lives as long as the process, so it is frozen out of collections;
-    and the youngest generation is collected every 10,000 allocations instead of 700. A job
-    or a request allocates hundreds of objects, nearly all freed by reference counting, and
-    with the defaults the collector cost the API and the worker about a tenth of their CPU."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, *gc.get_threshold()[1:])

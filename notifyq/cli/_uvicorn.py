@@ -10,7 +10,7 @@ from types import FrameType
 
 import uvicorn
 
-from notifyq.cli._signals import hard_exit
+from notifyq.process import hard_exit
 
 
 class Server(uvicorn.Server):

@@ -24,9 +24,8 @@ from django.apps import apps
 from django.db import close_old_connections
 from django.utils.module_loading import module_has_submodule
 
+from notifyq import process
 from notifyq.builtins import worker_registry
-from notifyq.cli._running import _has_uvloop, _migrate_or_check, _serve_metrics, _settle_heap
-from notifyq.cli._signals import before_hard_exit, stop_on_signals
 from notifyq.contrib import ContribSettings
 from notifyq.logs import JsonFormatter
 from notifyq.settings import Settings
@@ -111,24 +110,11 @@ def run_worker(
     settings: Settings, registry: Registry, *, burst: bool, metrics_port: int | None
 ) -> None:
     """Runs the worker until SIGTERM/SIGINT (drained, as ``notifyq worker`` is) or, with
-    ``burst``, until nothing is due. Migrates first (or checks the schema with
-    NOTIFYQ["AUTO_MIGRATE"] off)."""
-    from notifyq.worker import Worker
-
+    ``burst``, until nothing is due: the worker process of :mod:`notifyq.process`, the one
+    ``notifyq worker`` runs, with the project's logging. Migrates first (or checks the schema
+    with NOTIFYQ["AUTO_MIGRATE"] off)."""
     log_to_stderr(settings)
-    metrics = _serve_metrics(metrics_port, settings)
-
-    async def run() -> None:
-        worker = Worker(settings, registry, burst=burst, metrics=metrics, report_depth=True)
-        await _migrate_or_check(settings, report=None)
-        with before_hard_exit(worker.forget_idle_mark):
-            _settle_heap()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(stop_on_signals, worker.stop)
-                await worker.run()
-                tg.cancel_scope.cancel()
-
-    anyio.run(run, backend_options={"use_uvloop": _has_uvloop()})
+    process.run_worker(settings, registry, burst=burst, metrics_port=metrics_port)
 
 
 def release_orm_thread() -> None:

@@ -303,15 +303,16 @@ def _pickup(
     return {key: value for key, value in run.items() if key != "latencies_ms"}
 
 
+def _values(runs: list[dict[str, Any]], field: str) -> list[float]:
+    return [float(run[field]) for run in runs]
+
+
 def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
     lean_runs, notifyq_runs = raw[LEAN_SIDE.name], raw[NOTIFYQ_SIDE.name]
 
-    def values(runs: list[dict[str, Any]], field: str) -> list[float]:
-        return [float(run[field]) for run in runs]
-
     def pair(key: str, label: str, unit: str, runs: str, field: str, target: Target) -> None:
         """notifyq's figure beside the lean floor's, and their ratio, round by round."""
-        ours, floor = values(notifyq_runs[runs], field), values(lean_runs[runs], field)
+        ours, floor = _values(notifyq_runs[runs], field), _values(lean_runs[runs], field)
         ctx.results.add(Figure(f"lean.{key}", "lean", label, unit, ours, None, floor, LEAN))
         ctx.results.add(
             Figure(
@@ -336,7 +337,7 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
         Target(">=", 0.8),
     )
     for who, runs in ((LEAN, lean_runs), ("notifyq", notifyq_runs)):
-        one, two = values(runs["one"], "jobs_per_s"), values(runs["two"], "jobs_per_s")
+        one, two = _values(runs["one"], "jobs_per_s"), _values(runs["two"], "jobs_per_s")
         ctx.results.add(
             Figure(
                 f"lean.scaling.{'lean' if who == LEAN else 'notifyq'}",
@@ -364,9 +365,9 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
                 "lean",
                 f"pickup, idle, 20 jobs/s, {point}",
                 "ms",
-                values(notifyq_runs["idle"], f"{point}_ms"),
+                _values(notifyq_runs["idle"], f"{point}_ms"),
                 None,
-                values(lean_runs["idle"], f"{point}_ms"),
+                _values(lean_runs["idle"], f"{point}_ms"),
                 LEAN,
             )
         )
@@ -384,13 +385,18 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
             "lean",
             "commits a job, enqueue to end, 1 x 50",
             "",
-            values(notifyq_runs["one"], "commits_per_job"),
+            _values(notifyq_runs["one"], "commits_per_job"),
             None,
-            values(lean_runs["one"], "commits_per_job"),
+            _values(lean_runs["one"], "commits_per_job"),
             LEAN,
         )
     )
+    _add_peer_figures(ctx, raw)
 
+
+def _add_peer_figures(ctx: Context, raw: dict[str, Any]) -> None:
+    """Each peer's throughput and idle pickup beside the lean floor's."""
+    lean_runs = raw[LEAN_SIDE.name]
     for name, peer in raw.get("peers", {}).items():
         for key, processes, slots in SHAPES:
             ctx.results.add(
@@ -399,9 +405,9 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
                     "lean",
                     f"throughput, {peer['label']}, {processes} x {slots}",
                     "jobs/s",
-                    values(peer[key], "jobs_per_s"),
+                    _values(peer[key], "jobs_per_s"),
                     None,
-                    values(lean_runs[key], "jobs_per_s"),
+                    _values(lean_runs[key], "jobs_per_s"),
                     LEAN,
                     note="timed from the enqueue's commit until the bench saw no job left",
                 )
@@ -412,9 +418,9 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
                 "lean",
                 f"pickup, {peer['label']}, idle, 20 jobs/s, p99",
                 "ms",
-                values(peer["idle"], "p99_ms"),
+                _values(peer["idle"], "p99_ms"),
                 None,
-                values(lean_runs["idle"], "p99_ms"),
+                _values(lean_runs["idle"], "p99_ms"),
                 LEAN,
             )
         )

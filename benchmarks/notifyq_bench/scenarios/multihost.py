@@ -432,6 +432,29 @@ def _measure(
             f"{added:+.3f} ms at p50"
         )
     ctx.done()
+    _add_rtt_figures(ctx, lan, rtt, straight, added)
+    for count in plan.hosts:
+        raw["hosts"].append(_sweep(ctx, plan, net.hosts[:count], cluster, here))
+    first, last = raw["hosts"][0], raw["hosts"][-1]
+    ctx.results.add(
+        Figure(
+            "multihost.scaling",
+            NAME,
+            f"throughput, {last['hosts']} hosts / 1 host",
+            RATIO,
+            [a / b for a, b in zip(last["jobs_per_s"], first["jobs_per_s"], strict=True)],
+            note="2 shared cores: more hosts add processes, not CPUs",
+        )
+    )
+    ctx.results.raw[NAME] = raw
+    raw["partition"] = _partition(ctx, plan, net, cluster, here)
+
+
+def _add_rtt_figures(
+    ctx: Context, lan: Lan, rtt: dict[str, float], straight: dict[str, float], added: float
+) -> None:
+    """The round trips a worker's host sees, as the workers connect and straight, and what the
+    links added."""
     path = {"netem": "veth + netem", "relay": "veth + delay relay", "none": "veth"}[lan.mode]
     for point in ("p50", "p99"):
         ctx.results.add(
@@ -464,61 +487,54 @@ def _measure(
             note=f"asked: {ctx.lan_delay_ms if lan.mode != 'none' else 0:g} ms ({lan.mode})",
         )
     )
-    for count in plan.hosts:
-        hosts = net.hosts[:count]
-        ctx.step(f"{count} host(s): starting a worker in each")
-        workers = cluster.start_workers(hosts, SWEEP_CONCURRENCY, plan.lease)
-        data: dict[str, Any] = {"hosts": count, "jobs_per_s": [], "p50_ms": [], "p99_ms": []}
-        try:
-            for r in range(ctx.repeat):
-                ctx.step(
-                    f"{count} host(s): draining {plan.drain_jobs:,} jobs, {plan.pickup_jobs} "
-                    f"at {PICKUP_RATE:g}/s, repeat {r + 1}"
-                )
-                data["jobs_per_s"].append(
-                    drain(here, NOTIFYQ_JOBS, plan.drain_jobs, workers)["jobs_per_s"]
-                )
-                picked = pickup(here, NOTIFYQ_JOBS, plan.pickup_jobs, PICKUP_RATE)
-                data["p50_ms"].append(picked["p50_ms"])
-                data["p99_ms"].append(picked["p99_ms"])
-                ctx.done()
-        finally:
-            ctx.children.stop(*workers)
-        raw["hosts"].append(data)
-        plural = "s" if count > 1 else ""
-        label = f"{count} host{plural}, 1 worker each, concurrency {SWEEP_CONCURRENCY}"
-        ctx.results.add(
-            Figure(
-                f"multihost.h{count}.throughput",
-                NAME,
-                f"throughput, {label}",
-                "jobs/s",
-                data["jobs_per_s"],
+
+
+def _sweep(
+    ctx: Context, plan: Plan, hosts: list[Host], cluster: Cluster, here: Context
+) -> dict[str, Any]:
+    """One step of the sweep: a worker on each of ``hosts``, drains and pickups, and the
+    step's figures; answers its raw figures."""
+    count = len(hosts)
+    ctx.step(f"{count} host(s): starting a worker in each")
+    workers = cluster.start_workers(hosts, SWEEP_CONCURRENCY, plan.lease)
+    data: dict[str, Any] = {"hosts": count, "jobs_per_s": [], "p50_ms": [], "p99_ms": []}
+    try:
+        for r in range(ctx.repeat):
+            ctx.step(
+                f"{count} host(s): draining {plan.drain_jobs:,} jobs, {plan.pickup_jobs} "
+                f"at {PICKUP_RATE:g}/s, repeat {r + 1}"
             )
-        )
-        for point in ("p50", "p99"):
-            ctx.results.add(
-                Figure(
-                    f"multihost.h{count}.pickup.{point}",
-                    NAME,
-                    f"pickup latency, {label}, {PICKUP_RATE:g} jobs/s: {point}",
-                    "ms",
-                    data[f"{point}_ms"],
-                )
+            data["jobs_per_s"].append(
+                drain(here, NOTIFYQ_JOBS, plan.drain_jobs, workers)["jobs_per_s"]
             )
-    first, last = raw["hosts"][0], raw["hosts"][-1]
+            picked = pickup(here, NOTIFYQ_JOBS, plan.pickup_jobs, PICKUP_RATE)
+            data["p50_ms"].append(picked["p50_ms"])
+            data["p99_ms"].append(picked["p99_ms"])
+            ctx.done()
+    finally:
+        ctx.children.stop(*workers)
+    plural = "s" if count > 1 else ""
+    label = f"{count} host{plural}, 1 worker each, concurrency {SWEEP_CONCURRENCY}"
     ctx.results.add(
         Figure(
-            "multihost.scaling",
+            f"multihost.h{count}.throughput",
             NAME,
-            f"throughput, {last['hosts']} hosts / 1 host",
-            RATIO,
-            [a / b for a, b in zip(last["jobs_per_s"], first["jobs_per_s"], strict=True)],
-            note="2 shared cores: more hosts add processes, not CPUs",
+            f"throughput, {label}",
+            "jobs/s",
+            data["jobs_per_s"],
         )
     )
-    ctx.results.raw[NAME] = raw
-    raw["partition"] = _partition(ctx, plan, net, cluster, here)
+    for point in ("p50", "p99"):
+        ctx.results.add(
+            Figure(
+                f"multihost.h{count}.pickup.{point}",
+                NAME,
+                f"pickup latency, {label}, {PICKUP_RATE:g} jobs/s: {point}",
+                "ms",
+                data[f"{point}_ms"],
+            )
+        )
+    return data
 
 
 class Feeder:
@@ -588,16 +604,26 @@ def _read_runs(folder: Path) -> list[Run]:
     return runs
 
 
-def _partition(
-    ctx: Context, plan: Plan, net: Network, cluster: Cluster, here: Context
-) -> dict[str, Any]:
-    lease = plan.lease
-    hosts = net.hosts[: plan.partition_hosts]
-    ctx.step(f"partition: starting {len(hosts)} hosts, lease {lease:g} s")
-    with here.connect() as conn:
-        conn.execute("TRUNCATE notifyq.jobs")
-    for old in cluster.runlog.glob("*.runs"):
-        old.unlink()
+@dataclass(frozen=True)
+class _Cut:
+    """The partition run: when its phases began (epoch seconds), whom it cut, and how many jobs
+    the feeder inserted."""
+
+    t0: float
+    cut: float
+    healed: float
+    end: float
+    host: Host
+    pid: int
+    leader: int | None
+    inserted: int
+
+
+def _cut_and_heal(
+    ctx: Context, lease: float, net: Network, cluster: Cluster, here: Context, hosts: list[Host]
+) -> _Cut:
+    """A worker on each of ``hosts`` under a steady backlog; the maintenance leader's host (or
+    the last) cut for more than a lease, healed, watched, and every job left to finish."""
     workers = cluster.start_workers(hosts, PARTITION_CONCURRENCY, lease)
     feeder = Feeder(here, backlog=20 * len(hosts) * PARTITION_CONCURRENCY)
     cut_host: Host | None = None
@@ -636,6 +662,22 @@ def _partition(
             net.heal(cut_host)
         feeder.halt()
         ctx.children.stop(*workers)
+    assert cut_host is not None  # the try ran to its end, so the host was chosen and cut
+    return _Cut(t0, cut, healed, end, cut_host, cut_worker.pid, leader, feeder.inserted)
+
+
+def _partition(
+    ctx: Context, plan: Plan, net: Network, cluster: Cluster, here: Context
+) -> dict[str, Any]:
+    lease = plan.lease
+    hosts = net.hosts[: plan.partition_hosts]
+    ctx.step(f"partition: starting {len(hosts)} hosts, lease {lease:g} s")
+    with here.connect() as conn:
+        conn.execute("TRUNCATE notifyq.jobs")
+    for old in cluster.runlog.glob("*.runs"):
+        old.unlink()
+    cut = _cut_and_heal(ctx, lease, net, cluster, here, hosts)
+    t0, healed, end = cut.t0, cut.healed, cut.end
     with here.connect() as conn:
         counts = dict(
             conn.execute(
@@ -648,17 +690,17 @@ def _partition(
         ).fetchall()
     finished = [r[3] for r in rows]
     rates = bucket_rates(finished, t0, end, BUCKET_S)
-    before = [r for i, r in enumerate(rates) if t0 + (i + 1) * BUCKET_S <= cut]
+    before = [r for i, r in enumerate(rates) if t0 + (i + 1) * BUCKET_S <= cut.cut]
     during = [
         r
         for i, r in enumerate(rates)
-        if t0 + i * BUCKET_S >= cut and t0 + (i + 1) * BUCKET_S <= healed
+        if t0 + i * BUCKET_S >= cut.cut and t0 + (i + 1) * BUCKET_S <= healed
     ]
     baseline = median(before)
-    partitioned_rate = sum(1 for t in finished if cut <= t < healed) / (healed - cut)
+    partitioned_rate = sum(1 for t in finished if cut.cut <= t < healed) / (healed - cut.cut)
     cluster_recovery = recovery_seconds(rates, t0, BUCKET_S, healed, baseline)
     runs = _read_runs(cluster.runlog)
-    cut_workers = {r.worker for r in runs if f":{cut_worker.pid}:" in r.worker}
+    cut_workers = {r.worker for r in runs if f":{cut.pid}:" in r.worker}
     # The healed host's completions against the other hosts' average, bucket by bucket: a
     # measure of its recovery that the machine's own load (shared cores) moves far less.
     cut_finished = [r[3] for r in rows if r[2] in cut_workers]
@@ -669,17 +711,19 @@ def _partition(
         len(hosts) - 1,
     )
     recovery = recovery_seconds(shares, t0, BUCKET_S, healed, 1.0)
-    judged = judge_runs(runs, {r[0]: (r[1], r[2]) for r in rows}, cut_workers, cut, healed, lease)
+    judged = judge_runs(
+        runs, {r[0]: (r[1], r[2]) for r in rows}, cut_workers, cut.cut, healed, lease
+    )
     completed = counts.get("completed", 0)
-    lost = feeder.inserted - completed
+    lost = cut.inserted - completed
     data = {
         "hosts": len(hosts),
         "concurrency": PARTITION_CONCURRENCY,
         "job_ms": JOB_MS,
         "lease_s": lease,
-        "cut_host": cut_host.index if cut_host else None,
-        "cut_host_led_maintenance": leader == cut_worker.pid if leader else False,
-        "cut_s": round(cut - t0, 3),
+        "cut_host": cut.host.index,
+        "cut_host_led_maintenance": cut.leader == cut.pid if cut.leader else False,
+        "cut_s": round(cut.cut - t0, 3),
         "healed_s": round(healed - t0, 3),
         "end_s": round(end - t0, 3),
         "bucket_s": BUCKET_S,
@@ -691,12 +735,23 @@ def _partition(
         "cluster_recovery_s": cluster_recovery,
         "cut_host_share_per_bucket": shares,
         "after_healing_per_s": sum(1 for t in finished if healed <= t < end) / (end - healed),
-        "inserted": feeder.inserted,
+        "inserted": cut.inserted,
         "statuses": counts,
         "lost": lost,
         **judged,
     }
-    label = f"{len(hosts)} hosts, one cut {1.6 * lease:g} s (lease {lease:g} s)"
+    _add_partition_figures(ctx, data)
+    ctx.done()
+    return data
+
+
+def _add_partition_figures(ctx: Context, data: dict[str, Any]) -> None:
+    """The partition run's figures: nothing lost or run twice by a live worker, the dip while
+    cut, and the recovery after healing."""
+    lease, baseline = data["lease_s"], data["baseline_per_s"]
+    lost, partitioned_rate = data["lost"], data["partitioned_per_s"]
+    recovery, cluster_recovery = data["recovery_s"], data["cluster_recovery_s"]
+    label = f"{data['hosts']} hosts, one cut {1.6 * lease:g} s (lease {lease:g} s)"
     add = ctx.results.add
     add(
         Figure(
@@ -709,7 +764,7 @@ def _partition(
             NAME,
             f"jobs run twice by a live worker, {label}",
             "jobs",
-            [judged["run_twice_by_live_worker"]],
+            [data["run_twice_by_live_worker"]],
             Target("<=", 0),
         )
     )
@@ -719,7 +774,7 @@ def _partition(
             NAME,
             f"stale completions accepted (fence), {label}",
             "jobs",
-            [judged["stale_completions_accepted"]],
+            [data["stale_completions_accepted"]],
             Target("<=", 0),
         )
     )
@@ -729,7 +784,7 @@ def _partition(
             NAME,
             f"jobs run again after their worker lost the lease, {label}",
             "jobs",
-            [judged["jobs_run_again"]],
+            [data["jobs_run_again"]],
             note="at least once: allowed; their stale completions were discarded",
         )
     )
@@ -773,8 +828,6 @@ def _partition(
             [data["after_healing_per_s"] / baseline if baseline else float("nan")],
         )
     )
-    ctx.done()
-    return data
 
 
 SCENARIO = Scenario(NAME, run, lambda repeat, s: 2 + len(HOSTS) * repeat)

@@ -102,7 +102,6 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
     add = ctx.results.add
     bare = _rates(raw["bare"])
     one = _rates(raw["one"])
-    two = _rates(raw["two"])
     floors = {suffix: _rates(raw[f"bare{suffix}"]) for suffix, _, _ in SHAPES}
     add(
         Figure(
@@ -149,6 +148,38 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
             Target(">=", 0.8),
         )
     )
+    _add_two_worker_figures(ctx, raw, floors)
+    add(
+        Figure(
+            "throughput.bare_single",
+            "throughput",
+            f"throughput, strict floor, {_shape_text(1, 1)}",
+            "jobs/s",
+            floors["_single"],
+        )
+    )
+    add(
+        Figure(
+            "throughput.single",
+            "throughput",
+            "throughput, 1 worker process, concurrency 1",
+            "jobs/s",
+            _rates(raw["single"]),
+            None,
+            floors["_single"],
+            FLOOR_LABEL + ", 1 x 1",
+        )
+    )
+    _add_peer_figures(ctx, raw, floors)
+
+
+def _add_two_worker_figures(
+    ctx: Context, raw: dict[str, Any], floors: dict[str, list[float]]
+) -> None:
+    """Two worker processes: beside the strict floor in the same shape, and over one worker."""
+    add = ctx.results.add
+    one = _rates(raw["one"])
+    two = _rates(raw["two"])
     add(
         Figure(
             "throughput.bare_two",
@@ -190,27 +221,11 @@ def _add_figures(ctx: Context, raw: dict[str, Any]) -> None:
             Target(">=", 1.3),
         )
     )
-    add(
-        Figure(
-            "throughput.bare_single",
-            "throughput",
-            f"throughput, strict floor, {_shape_text(1, 1)}",
-            "jobs/s",
-            floors["_single"],
-        )
-    )
-    add(
-        Figure(
-            "throughput.single",
-            "throughput",
-            "throughput, 1 worker process, concurrency 1",
-            "jobs/s",
-            _rates(raw["single"]),
-            None,
-            floors["_single"],
-            FLOOR_LABEL + ", 1 x 1",
-        )
-    )
+
+
+def _add_peer_figures(ctx: Context, raw: dict[str, Any], floors: dict[str, list[float]]) -> None:
+    """Each peer's throughput in each shape, beside the strict floor in that shape."""
+    add = ctx.results.add
     for name, peer in raw.get("peers", {}).items():
         for suffix, processes, slots in SHAPES:
             add(

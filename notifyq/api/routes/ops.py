@@ -23,14 +23,20 @@ from starlette.staticfiles import PathLike
 from starlette.types import Scope
 
 from notifyq._version import __version__
-from notifyq.api.deps import MetricsDep, ScrapeLockDep, SettingsDep, StoreDep, SupervisorDep
+from notifyq.api.deps import (
+    MetricsDep,
+    ScrapeLockDep,
+    SettingsDep,
+    StoreDep,
+    SupervisorDep,
+    WorkerHost,
+)
 from notifyq.api.middleware import authenticated
 from notifyq.api.schemas import HealthOut, MinutesOut, ReadyOut, TaskOut, WorkerOut
 from notifyq.errors import DatabaseUnavailable, NotifyQError
 from notifyq.metrics import CONTENT_TYPE_LATEST
 from notifyq.migrations import latest_version
 from notifyq.store import Store
-from notifyq.worker import Supervisor
 
 HEALTH_TIMEOUT = 2.0
 #: Queue depth is read from the database at most this often, however often /metrics is scraped.
@@ -177,7 +183,7 @@ async def health(
     return JSONResponse(body, status_code=code)
 
 
-async def _health(store: Store, supervisor: Supervisor | None) -> dict[str, Any]:
+async def _health(store: Store, supervisor: WorkerHost | None) -> dict[str, Any]:
     """The body of GET /health with every detail."""
     worker = None if supervisor is None else supervisor.worker
     body: dict[str, Any] = {"status": "healthy", "database": "ok", "version": __version__}

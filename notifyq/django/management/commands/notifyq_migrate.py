@@ -7,10 +7,10 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from notifyq.cli._errors import one_line
 from notifyq.django._schema import migrate_schema
 from notifyq.django._settings import notifyq_settings
 from notifyq.migrations import latest_version
+from notifyq.process import one_line
 
 
 class Command(BaseCommand):  # type: ignore[misc]

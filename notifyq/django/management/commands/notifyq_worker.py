@@ -8,10 +8,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from notifyq.cli._errors import one_line
-from notifyq.cli._signals import exit_now_if_threads_hang
 from notifyq.django._settings import autodiscover, effective_defaults, notifyq_settings
 from notifyq.django._worker import django_registry, release_orm_thread, run_worker
+from notifyq.process import exit_now_if_threads_hang, one_line
 
 
 class Command(BaseCommand):  # type: ignore[misc]

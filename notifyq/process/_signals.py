@@ -1,4 +1,4 @@
-"""The edges of a long-running command: SIGTERM and SIGINT, the hard exit a second signal
+"""The edges of a long-running process: SIGTERM and SIGINT, the hard exit a second signal
 asks for, and the handler threads a process may not wait for at exit."""
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Tracing of enqueues and attempts: a seam with nothing behind it unless OpenTelemetry is on.
-
-:func:`tracing` answers, for a process's settings, :data:`NO_TRACING`, which does nothing and
-never imports opentelemetry (the default), or, with ``NOTIFYQ_OTEL=true``, the OpenTelemetry
-implementation of :mod:`notifyq._otel`, imported only then. The entry points (``Queue``,
-``SyncQueue``, ``create_app``, ``Worker``) build it from their settings and pass it down: the
-store opens a PRODUCER span around each enqueue and stores its W3C trace context on the jobs
-(``notifyq.jobs.trace_context``); the executor runs each attempt in a CONSUMER span continued
-from the stored context.
-
-What is stored is what a W3C trace-context propagator writes into a carrier, as a JSON object:
-``{"traceparent": "00-<32 hex>-<16 hex>-<2 hex>", "tracestate": "..."}`` (``tracestate``
-optional). SQL callers may write it too; a stored context that is not an object of such strings
-is treated as none (that job runs untraced, nothing else changes).
-"""
+"""The seam of :mod:`notifyq.tracing`: the no-op spans every caller holds, and the rule for
+reading a stored trace context. Nothing here imports opentelemetry; ``_otel`` builds on it
+(one way: this module never imports that one)."""
 
 from __future__ import annotations
 
@@ -20,14 +8,11 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from notifyq.errors import ConfigurationError
-
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from notifyq.jobspec import JobSpec
     from notifyq.models import ClaimedJob, EnqueueResult
-    from notifyq.settings import Settings
 
 __all__ = [
     "MAX_TRACESTATE",
@@ -36,7 +21,6 @@ __all__ = [
     "Sending",
     "Tracing",
     "stored_carrier",
-    "tracing",
 ]
 
 #: The longest ``traceparent`` read back (version 00 has 55 characters; later versions may add).
@@ -100,24 +84,6 @@ class Tracing:
 
 #: The tracing of a process that has none.
 NO_TRACING = Tracing()
-
-
-def tracing(settings: Settings) -> Tracing:
-    """The tracing these settings ask for: OpenTelemetry's with ``otel`` set (spans go to the
-    process's global tracer provider, which the application configures), else none.
-
-    Raises :class:`~notifyq.errors.ConfigurationError` when ``otel`` is set and opentelemetry is
-    not installed."""
-    if not settings.otel:
-        return NO_TRACING
-    try:
-        from notifyq._otel import OtelTracing
-    except ImportError as exc:
-        raise ConfigurationError(
-            "NOTIFYQ_OTEL is set but opentelemetry-api is not installed: "
-            "pip install 'notifyq[otel]' (and an SDK and exporter of your choice)"
-        ) from exc
-    return OtelTracing()
 
 
 def stored_carrier(stored: Any) -> dict[str, str] | None:

@@ -35,7 +35,7 @@ from opentelemetry.util.types import AttributeValue
 from notifyq._version import __version__
 from notifyq.jobspec import JobSpec
 from notifyq.models import ClaimedJob, EnqueueResult
-from notifyq.tracing import MAX_TRACESTATE, Processing, Sending, Tracing, stored_carrier
+from notifyq.tracing._seam import MAX_TRACESTATE, Processing, Sending, Tracing, stored_carrier
 
 __all__ = ["OtelTracing"]
 

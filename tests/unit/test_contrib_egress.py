@@ -35,7 +35,7 @@ from notifyq.contrib import ContribSettings, TransientFailure, contrib_tasks
 from notifyq.contrib.egress import EgressPolicy, PinnedTransport, refused_range
 from notifyq.errors import ConfigurationError, PermanentFailure
 from notifyq.tasks import Task
-from tests.test_contrib import answer, read_body, run, wait_for
+from tests.unit.test_contrib import answer, read_body, run, wait_for
 
 LOOPBACK = ("127.0.0.1", "::1")
 
