@@ -200,7 +200,8 @@ def test_bench_help_works_without_the_bench_and_says_how_to_install_it(
 ) -> None:
     from notifyq.cli import main
 
-    monkeypatch.setitem(sys.modules, "notifyq_bench", None)  # as where it is not installed
+    # As where it is not installed: no entry point "bench" of the group "notifyq.commands".
+    monkeypatch.setattr("notifyq.cli._main.entry_points", lambda **_: ())
     assert main(["bench", flag]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: notifyq bench") and "pip install -e ./benchmarks" in out

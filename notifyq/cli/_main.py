@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import TypeVar
 
 from notifyq.bootstrap import require_database
@@ -142,17 +143,17 @@ Then `notifyq bench --help` lists its options."""
 
 def _bench(argv: list[str]) -> int:
     # The bench parses its own options (argparse would take them for ours). It is a
-    # distribution of its own, notifyq-bench, so that the notifyq wheel carries none of it.
-    try:
-        from notifyq_bench import main as bench
-    except ModuleNotFoundError as exc:
-        if exc.name != "notifyq_bench":
-            raise  # the bench is there but broken: its traceback says more than we could
+    # distribution of its own, notifyq-bench, so that the notifyq wheel carries none of it; it
+    # declares itself as the entry point "bench" of the group "notifyq.commands".
+    found = entry_points(group="notifyq.commands", name="bench")
+    if not found:
         if "-h" in argv or "--help" in argv:
             print(BENCH_HELP)  # asked for help, and got it: not an error
             return 0
         message = f"notifyq bench: needs notifyq-bench; from a source checkout: {BENCH_INSTALL}"
         print(message, file=sys.stderr)
         return EXIT_USAGE
+    # A bench that is installed but broken raises here: its traceback says more than we could.
+    bench = next(iter(found)).load()
     code: int = bench(argv)
     return code

@@ -21,9 +21,11 @@ BENCH_ROOT = ROOT / "benchmarks"
 
 def _bench_env(**extra: str) -> dict[str, str]:
     """The environment of a process that runs ``notifyq bench`` from this checkout, with the
-    bench importable whether it is installed or not."""
+    bench importable whether it is installed or not, and its entry point (the one notifyq
+    finds it by) declared by tests/bench_entry_point."""
     env = {**os.environ, **extra}
-    path = (str(BENCH_ROOT), str(ROOT), env.get("PYTHONPATH", ""))
+    declared = ROOT / "tests" / "bench_entry_point"
+    path = (str(BENCH_ROOT), str(declared), str(ROOT), env.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     return env
 
@@ -52,8 +54,8 @@ def test_notifyq_bench_says_how_to_install_the_bench_when_it_is_missing() -> Non
     # As if notifyq-bench were not installed, also where it is. Asked to run (not for help,
     # which always works: tests/test_cli.py), it says what to install.
     script = (
-        "import sys; sys.modules['notifyq_bench'] = None; "
-        "from notifyq.cli import main; sys.exit(main(['bench', '--quick']))"
+        "import sys; import notifyq.cli._main as m; m.entry_points = lambda **_: (); "
+        "sys.exit(m.main(['bench', '--quick']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
