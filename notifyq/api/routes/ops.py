@@ -48,6 +48,7 @@ DASHBOARD_MODULES = (
     "api.js",
     "bulk.js",
     "charts.js",
+    "conn.js",
     "cron.js",
     "detail.js",
     "dom.js",

@@ -1,11 +1,12 @@
 // The job detail: selecting a job, its page, and the actions on it.
 
 import { api, segment } from "./api.js";
+import { trouble } from "./conn.js";
 import { $, h, setText } from "./dom.js";
 import { badge, barProgress, FINAL, firstLine, fmtAgo, fmtDuration, fmtInt, fmtProgress, fmtTime, json, progressBar, shortId, updateBar } from "./format.js";
 import { groupTag, renderJobs } from "./jobs.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
-import { tick, trouble } from "./poll.js";
+import { tick } from "./poll.js";
 import { writeHash } from "./router.js";
 import { state } from "./state.js";
 import { followSelected, stopStream, streaming } from "./stream.js";

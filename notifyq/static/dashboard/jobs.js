@@ -2,11 +2,11 @@
 
 import { api } from "./api.js";
 import { updateBulkButtons } from "./bulk.js";
+import { trouble } from "./conn.js";
 import { openJob } from "./detail.js";
 import { $, h, setText } from "./dom.js";
 import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, progressBar, shortId } from "./format.js";
 import { actionFailed } from "./messages.js";
-import { trouble } from "./poll.js";
 import { writeHash } from "./router.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
 import { closeWorkflow } from "./workflow.js";

@@ -1,11 +1,11 @@
 // Where the page is: the view shown, and the URL's hash that names it.
 
+import { trouble } from "./conn.js";
 import { refreshCron } from "./cron.js";
 import { selectJob, unselectJob } from "./detail.js";
 import { $ } from "./dom.js";
 import { STATUSES } from "./format.js";
 import { MAX_PAYLOAD_FILTER, payloadProblem, setFilters } from "./jobs.js";
-import { trouble } from "./poll.js";
 import { refreshScheduled, setSchedFilters } from "./scheduled.js";
 import { state } from "./state.js";
 import { refreshWorkers } from "./workers.js";

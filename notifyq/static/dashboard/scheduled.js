@@ -1,11 +1,12 @@
 // The Scheduled page (GET /scheduled): jobs due later.
 
 import { api, segment } from "./api.js";
+import { trouble } from "./conn.js";
 import { openJob, showJob } from "./detail.js";
 import { $, h, setText } from "./dom.js";
 import { fmtDuration, fmtInt, fmtTime, shortId } from "./format.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
-import { tick, trouble } from "./poll.js";
+import { tick } from "./poll.js";
 import { writeHash } from "./router.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
 

@@ -1,11 +1,11 @@
 // The workflow view: a workflow's jobs as a graph, polled while any of them runs.
 
 import { api, segment } from "./api.js";
+import { needToken, trouble } from "./conn.js";
 import { openJob } from "./detail.js";
 import { $, h, setText, svg } from "./dom.js";
 import { badge, barProgress, FINAL, fmtInt, fmtProgress, json, progressBar, shortId, STATUSES, updateBar } from "./format.js";
 import { refreshJobs } from "./jobs.js";
-import { needToken, trouble } from "./poll.js";
 import { showView, writeHash } from "./router.js";
 import { HIDDEN_POLL_MS, POLL_MS, state } from "./state.js";
 
