@@ -53,6 +53,7 @@ DASHBOARD_MODULES = (
     "detail.js",
     "dom.js",
     "format.js",
+    "hash.js",
     "jobs.js",
     "main.js",
     "messages.js",

@@ -2,8 +2,7 @@
 
 import { api } from "./api.js";
 import { $, setText } from "./dom.js";
-import { fmtInt } from "./format.js";
-import { payloadProblem } from "./jobs.js";
+import { fmtInt, payloadProblem } from "./format.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
 import { tick } from "./poll.js";
 import { state } from "./state.js";

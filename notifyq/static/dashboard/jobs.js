@@ -5,9 +5,9 @@ import { updateBulkButtons } from "./bulk.js";
 import { trouble } from "./conn.js";
 import { openJob } from "./detail.js";
 import { $, h, setText } from "./dom.js";
-import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, progressBar, shortId } from "./format.js";
+import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, payloadProblem, progressBar, shortId } from "./format.js";
+import { writeHash } from "./hash.js";
 import { actionFailed } from "./messages.js";
-import { writeHash } from "./router.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
 import { closeWorkflow } from "./workflow.js";
 
@@ -201,22 +201,6 @@ export function readFilters() {
   };
   const f = state.filters;
   if (Object.keys(next).some((k) => next[k] !== f[k])) setFilters(next);
-}
-
-export const MAX_PAYLOAD_FILTER = 2000; // as the API's bound
-
-/** What is wrong with a payload filter's text, or null (empty: no filter). */
-export function payloadProblem(text) {
-  if (!text) return null;
-  if (text.length > MAX_PAYLOAD_FILTER) return `at most ${MAX_PAYLOAD_FILTER} characters`;
-  let value;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    return 'not JSON: write an object, such as {"account": 42}';
-  }
-  if (value === null || typeof value !== "object" || Array.isArray(value)) return 'a JSON object, such as {"account": 42}';
-  return null;
 }
 
 function showPayloadError(problem) {

@@ -5,9 +5,9 @@ import { trouble } from "./conn.js";
 import { openJob, showJob } from "./detail.js";
 import { $, h, setText } from "./dom.js";
 import { fmtDuration, fmtInt, fmtTime, shortId } from "./format.js";
+import { writeHash } from "./hash.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
 import { tick } from "./poll.js";
-import { writeHash } from "./router.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
 
 // Like the jobs list: the first pages are read again on every poll (500 rows at most), and

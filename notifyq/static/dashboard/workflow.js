@@ -5,8 +5,9 @@ import { needToken, trouble } from "./conn.js";
 import { openJob } from "./detail.js";
 import { $, h, setText, svg } from "./dom.js";
 import { badge, barProgress, FINAL, fmtInt, fmtProgress, json, progressBar, shortId, STATUSES, updateBar } from "./format.js";
+import { writeHash } from "./hash.js";
 import { refreshJobs } from "./jobs.js";
-import { showView, writeHash } from "./router.js";
+import { showView } from "./router.js";
 import { HIDDEN_POLL_MS, POLL_MS, state } from "./state.js";
 
 const WORKFLOW_POLL_MS = 1000;
