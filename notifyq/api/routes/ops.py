@@ -47,6 +47,7 @@ STATIC = Path(__file__).resolve().parent.parent.parent / "static"
 DASHBOARD_MODULES = (
     "api.js",
     "bulk.js",
+    "bus.js",
     "charts.js",
     "conn.js",
     "cron.js",

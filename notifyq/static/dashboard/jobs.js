@@ -2,14 +2,13 @@
 
 import { api } from "./api.js";
 import { updateBulkButtons } from "./bulk.js";
+import { emit } from "./bus.js";
 import { trouble } from "./conn.js";
-import { openJob } from "./detail.js";
 import { $, h, setText } from "./dom.js";
 import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, payloadProblem, progressBar, shortId } from "./format.js";
 import { writeHash } from "./hash.js";
 import { actionFailed } from "./messages.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
-import { closeWorkflow } from "./workflow.js";
 
 // List pages carry no job data unless asked; the rows show a payload preview, and the
 // detail pane reads the whole job (result, errors) from GET /jobs/{id}.
@@ -66,7 +65,7 @@ function makeJobRow(job) {
   const open = h("button", { type: "button", class: "linkish" });
   open.addEventListener("click", (event) => {
     event.stopPropagation();
-    openJob(job.job_id);
+    emit("open-job", job.job_id);
   });
   const tr = h(
     "tr",
@@ -80,7 +79,7 @@ function makeJobRow(job) {
     h("td", { data: { col: "created" } }),
     h("td", { class: "payload", data: { col: "payload" } }),
   );
-  tr.addEventListener("click", () => openJob(job.job_id));
+  tr.addEventListener("click", () => emit("open-job", job.job_id));
   return tr;
 }
 
@@ -96,7 +95,7 @@ export function groupTag(key) {
   });
   tag.addEventListener("click", (event) => {
     event.stopPropagation();
-    if (state.wf) closeWorkflow();
+    if (state.wf) emit("close-workflow");
     setFilters({ group: key });
   });
   return tag;
@@ -230,5 +229,5 @@ export function openTypedJob() {
   error.hidden = true;
   input.setAttribute("aria-invalid", "false");
   input.value = "";
-  openJob(id.toLowerCase());
+  emit("open-job", id.toLowerCase());
 }
