@@ -1,7 +1,8 @@
 """The dashboard's script is native ES modules, no build step: each small enough to read in one
 sitting, every import naming a module the app serves as JavaScript (a browser refuses a module
 of another type, and one that is not served breaks the whole page), to the page without the
-token. No database: the app is built and asked without its lifespan."""
+token; the imports go one way (no cycle), and every event on the bus has its answer in main.js.
+No database: the app is built and asked without its lifespan."""
 
 from __future__ import annotations
 
@@ -68,6 +69,47 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 def test_each_dashboard_module_has_at_most_500_lines(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.name} has {lines} lines"
+
+
+def test_the_modules_import_each_other_without_a_cycle() -> None:
+    # Layered: helpers (dom, format, api, state, bus, messages) at the bottom, the views in the
+    # middle, the poll, the router and main on top. A view that needs one above it (a refresh,
+    # to open a job) emits an event on the bus, which main.js wires; it never imports upward.
+    graph = {
+        path.name: sorted({spec.removeprefix("./") for _, spec in imports(path.read_text())})
+        for path in module_paths()
+    }
+    done: set[str] = set()
+    on_path: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        if name in on_path:
+            cycle = [*on_path[on_path.index(name) :], name]
+            pytest.fail(f"an import cycle: {' -> '.join(cycle)}")
+        on_path.append(name)
+        for imported in graph[name]:
+            visit(imported)
+        on_path.pop()
+        done.add(name)
+
+    for name in graph:
+        visit(name)
+
+
+def test_every_event_a_module_emits_is_answered_once_in_main_and_nowhere_else() -> None:
+    # bus.js throws on an event nobody answers; this finds one before a click does.
+    emitted = {
+        path.name: set(re.findall(r'\bemit\("([\w-]+)"', path.read_text()))
+        for path in module_paths()
+    }
+    answered = re.findall(r'^\s*on\("([\w-]+)", ', (MODULES / "main.js").read_text(), re.M)
+    assert len(answered) == len(set(answered)), answered
+    assert set().union(*emitted.values()) == set(answered), (emitted, answered)
+    for path in module_paths():
+        if path.name != "main.js":
+            assert not re.search(r'^\s*on\("', path.read_text(), re.M), path.name
 
 
 def test_the_app_lists_every_module_and_the_page_loads_the_entry_as_a_module() -> None:

@@ -1,11 +1,10 @@
 // Bulk actions by filter (POST /jobs/bulk).
 
 import { api } from "./api.js";
+import { emit } from "./bus.js";
 import { $, setText } from "./dom.js";
-import { fmtInt } from "./format.js";
-import { payloadProblem } from "./jobs.js";
+import { fmtInt, payloadProblem } from "./format.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
-import { tick } from "./poll.js";
 import { state } from "./state.js";
 
 // A dry run counts the jobs the action applies to; the dialog shows that count and the
@@ -91,7 +90,7 @@ export async function bulkAction(action) {
     const past = { retry: "Requeued", cancel: "Cancelled", delete: "Deleted" }[action];
     const asked = stopping ? ` (${fmtInt(stopping)} running, asked to stop)` : "";
     toast(`${past} ${fmtInt(affected)} job${affected === 1 ? "" : "s"}${asked}.`);
-    tick();
+    emit("refresh");
   } catch (err) {
     actionFailed(err, `Could not ${action} the matching jobs`);
   } finally {

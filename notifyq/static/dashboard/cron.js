@@ -1,7 +1,7 @@
 // The Cron page (GET /periodic).
 
 import { api } from "./api.js";
-import { openJob } from "./detail.js";
+import { emit } from "./bus.js";
 import { $, h, setText } from "./dom.js";
 import { badge, fmtAgo, fmtInt, fmtTime, shortId } from "./format.js";
 import { fmtDue, takeClock } from "./scheduled.js";
@@ -26,7 +26,7 @@ function renderCron() {
       if (!last) lastCell = h("span", { class: "muted", text: "none yet" });
       else {
         const open = last.job_id ? h("button", { type: "button", class: "linkish", text: shortId(last.job_id), title: last.job_id, "aria-label": `Open job ${shortId(last.job_id)} of ${t.name}` }) : null;
-        if (open) open.addEventListener("click", () => openJob(last.job_id));
+        if (open) open.addEventListener("click", () => emit("open-job", last.job_id));
         lastCell = [
           h("span", { title: last.at, text: fmtAgo(last.at) }),
           h("div", { class: "muted small", text: fmtTime(last.at) }),

@@ -1,12 +1,13 @@
 // The job detail: selecting a job, its page, and the actions on it.
 
 import { api, segment } from "./api.js";
+import { emit } from "./bus.js";
+import { trouble } from "./conn.js";
 import { $, h, setText } from "./dom.js";
 import { badge, barProgress, FINAL, firstLine, fmtAgo, fmtDuration, fmtInt, fmtProgress, fmtTime, json, progressBar, shortId, updateBar } from "./format.js";
+import { writeHash } from "./hash.js";
 import { groupTag, renderJobs } from "./jobs.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
-import { tick, trouble } from "./poll.js";
-import { writeHash } from "./router.js";
 import { state } from "./state.js";
 import { followSelected, stopStream, streaming } from "./stream.js";
 import { kickWorkflow, markWorkflowSelection, openWorkflow, updateWorkflowJob } from "./workflow.js";
@@ -292,7 +293,7 @@ export async function deleteJob() {
     await api("DELETE", `jobs/${segment(id)}`);
     toast(`Job ${shortId(id)} deleted.`);
     closeJob();
-    tick();
+    emit("refresh");
   } catch (err) {
     actionFailed(err, `Could not delete job ${shortId(id)}`);
   } finally {
@@ -311,7 +312,7 @@ export async function jobAction(kind) {
     const done = { retry: "requeued", "run-now": "is due now" }[kind];
     toast(done ? `Job ${shortId(id)} ${done}.` : `Job ${shortId(id)}: cancel ${job && job.status === "processing" ? "requested" : "done"}.`);
     kickWorkflow(); // its other jobs may follow (cancelled dependents, a rerun branch)
-    tick();
+    emit("refresh");
   } catch (err) {
     actionFailed(err, `Could not ${kind} job ${shortId(id)}`);
     refreshDetail().catch(() => {});

@@ -1,4 +1,5 @@
-// Formatting: numbers, durations, times, short job ids, status badges and progress bars.
+// Formatting: numbers, durations, times, short job ids, status badges and progress bars; and
+// the check of a payload filter's text.
 
 import { h } from "./dom.js";
 
@@ -119,4 +120,20 @@ export function json(value) {
   } catch {
     return String(value);
   }
+}
+
+export const MAX_PAYLOAD_FILTER = 2000; // as the API's bound
+
+/** What is wrong with a payload filter's text, or null (empty: no filter). */
+export function payloadProblem(text) {
+  if (!text) return null;
+  if (text.length > MAX_PAYLOAD_FILTER) return `at most ${MAX_PAYLOAD_FILTER} characters`;
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return 'not JSON: write an object, such as {"account": 42}';
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return 'a JSON object, such as {"account": 42}';
+  return null;
 }

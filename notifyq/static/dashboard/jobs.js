@@ -2,14 +2,13 @@
 
 import { api } from "./api.js";
 import { updateBulkButtons } from "./bulk.js";
-import { openJob } from "./detail.js";
+import { emit } from "./bus.js";
+import { trouble } from "./conn.js";
 import { $, h, setText } from "./dom.js";
-import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, progressBar, shortId } from "./format.js";
+import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, payloadProblem, progressBar, shortId } from "./format.js";
+import { writeHash } from "./hash.js";
 import { actionFailed } from "./messages.js";
-import { trouble } from "./poll.js";
-import { writeHash } from "./router.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
-import { closeWorkflow } from "./workflow.js";
 
 // List pages carry no job data unless asked; the rows show a payload preview, and the
 // detail pane reads the whole job (result, errors) from GET /jobs/{id}.
@@ -66,7 +65,7 @@ function makeJobRow(job) {
   const open = h("button", { type: "button", class: "linkish" });
   open.addEventListener("click", (event) => {
     event.stopPropagation();
-    openJob(job.job_id);
+    emit("open-job", job.job_id);
   });
   const tr = h(
     "tr",
@@ -80,7 +79,7 @@ function makeJobRow(job) {
     h("td", { data: { col: "created" } }),
     h("td", { class: "payload", data: { col: "payload" } }),
   );
-  tr.addEventListener("click", () => openJob(job.job_id));
+  tr.addEventListener("click", () => emit("open-job", job.job_id));
   return tr;
 }
 
@@ -96,7 +95,7 @@ export function groupTag(key) {
   });
   tag.addEventListener("click", (event) => {
     event.stopPropagation();
-    if (state.wf) closeWorkflow();
+    if (state.wf) emit("close-workflow");
     setFilters({ group: key });
   });
   return tag;
@@ -203,22 +202,6 @@ export function readFilters() {
   if (Object.keys(next).some((k) => next[k] !== f[k])) setFilters(next);
 }
 
-export const MAX_PAYLOAD_FILTER = 2000; // as the API's bound
-
-/** What is wrong with a payload filter's text, or null (empty: no filter). */
-export function payloadProblem(text) {
-  if (!text) return null;
-  if (text.length > MAX_PAYLOAD_FILTER) return `at most ${MAX_PAYLOAD_FILTER} characters`;
-  let value;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    return 'not JSON: write an object, such as {"account": 42}';
-  }
-  if (value === null || typeof value !== "object" || Array.isArray(value)) return 'a JSON object, such as {"account": 42}';
-  return null;
-}
-
 function showPayloadError(problem) {
   const p = $("f-payload-error");
   p.hidden = !problem;
@@ -246,5 +229,5 @@ export function openTypedJob() {
   error.hidden = true;
   input.setAttribute("aria-invalid", "false");
   input.value = "";
-  openJob(id.toLowerCase());
+  emit("open-job", id.toLowerCase());
 }

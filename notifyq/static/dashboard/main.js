@@ -8,19 +8,22 @@
 // runs. Every value from the API reaches the page through text nodes or attribute values, never
 // as HTML (dom.js), so payloads, errors and names are shown verbatim and cannot inject markup.
 //
-// The modules import each other's functions in a circle (the poll refreshes the views, the
-// views report trouble to the poll), which ES modules allow as long as no module calls an
-// import while it is being evaluated: each only declares, and this one, evaluated last, calls
-// init(). Keep it so: a top-level call in another module may meet a binding not yet set.
+// The imports go one way, from here down to the helpers (dom, format, api, state, bus,
+// messages), with the views in between: a module never imports one that imports it back.
+// When a view needs what a module above it does (the poll's refresh, the detail opening a
+// job), it emits an event on the bus (bus.js), and wire() below says who answers each, before
+// anything runs. Every module only declares at its top level; this one calls init().
 
 import { API_BASE, getToken, setToken } from "./api.js";
 import { BULK_STATUSES, bulkAction } from "./bulk.js";
+import { on } from "./bus.js";
 import { drawChart } from "./charts.js";
-import { closeJob, deleteJob, jobAction } from "./detail.js";
+import { closeJob, deleteJob, jobAction, openJob, showJob } from "./detail.js";
 import { $, setText } from "./dom.js";
+import { writeHash } from "./hash.js";
 import { loadMore, openTypedJob, readFilters, renderJobs, setFilters } from "./jobs.js";
 import { tick } from "./poll.js";
-import { applyHash, goView, writeHash } from "./router.js";
+import { applyHash, goView, showView } from "./router.js";
 import { loadMoreScheduled, readSchedFilters, setSchedFilters } from "./scheduled.js";
 import { state } from "./state.js";
 import { stopStream } from "./stream.js";
@@ -39,7 +42,17 @@ async function readVersion() {
   }
 }
 
+/** Who answers each of the bus's events (the modules below emit them). */
+function wire() {
+  on("refresh", tick); // read everything now (after an action changed jobs)
+  on("open-job", openJob); // a job's link was followed
+  on("job", showJob); // a fresh read of a job (its stream, an action's answer)
+  on("show-view", showView);
+  on("close-workflow", closeWorkflow);
+}
+
 function init() {
+  wire();
   $("forget-token").hidden = getToken() === null;
   $("auth-form").addEventListener("submit", (event) => {
     event.preventDefault();

@@ -1,7 +1,7 @@
 // Messages to the user: toasts, failed actions and the confirm dialog.
 
 import { $, h, setText } from "./dom.js";
-import { needToken, trouble } from "./poll.js";
+import { needToken, trouble } from "./conn.js";
 
 export function toast(text, kind) {
   const item = h("div", { class: kind || "", text });

@@ -1,11 +1,12 @@
-// Where the page is: the view shown, and the URL's hash that names it.
+// Where the page is: the view shown, and what the URL's hash names (hash.js writes it).
 
+import { trouble } from "./conn.js";
 import { refreshCron } from "./cron.js";
 import { selectJob, unselectJob } from "./detail.js";
 import { $ } from "./dom.js";
-import { STATUSES } from "./format.js";
-import { MAX_PAYLOAD_FILTER, payloadProblem, setFilters } from "./jobs.js";
-import { trouble } from "./poll.js";
+import { MAX_PAYLOAD_FILTER, payloadProblem, STATUSES } from "./format.js";
+import { FILTER_KEYS, writeHash } from "./hash.js";
+import { setFilters } from "./jobs.js";
 import { refreshScheduled, setSchedFilters } from "./scheduled.js";
 import { state } from "./state.js";
 import { refreshWorkers } from "./workers.js";
@@ -31,15 +32,6 @@ export function goView(view) {
   writeHash(true);
 }
 
-// #job=<id> opens a job's detail, #workflow=<id> the workflow view, and both can be there
-// (#workflow=<id>&job=<id>). The list's filters are there too (#status=failed&queue=emails,
-// payload= a JSON object), view=workers|scheduled|cron for the other pages, and the Scheduled
-// page's own filters (squeue=, stask=), so reloading or sharing the
-// address shows the same view. Selecting a job or changing a filter replaces the history
-// entry; opening or leaving a workflow or a page adds one, so Back goes back to the list.
-
-const FILTER_KEYS = ["status", "queue", "task", "group", "payload"];
-
 function readHash() {
   const params = new URLSearchParams(location.hash.replace(/^#/, ""));
   const filters = {};
@@ -53,24 +45,6 @@ function readHash() {
     filters,
     sched: { queue: (params.get("squeue") || "").slice(0, 200), task: (params.get("stask") || "").slice(0, 200) },
   };
-}
-
-export function writeHash(push) {
-  const params = new URLSearchParams();
-  if (state.view !== "jobs") params.set("view", state.view);
-  for (const key of FILTER_KEYS) if (state.filters[key]) params.set(key, state.filters[key]);
-  if (state.sched.filters.queue) params.set("squeue", state.sched.filters.queue);
-  if (state.sched.filters.task) params.set("stask", state.sched.filters.task);
-  if (state.wf) params.set("workflow", state.wf.id);
-  if (state.selectedId) params.set("job", state.selectedId);
-  const hash = params.toString();
-  const url = hash ? `#${hash}` : location.pathname + location.search;
-  try {
-    if (push) history.pushState(null, "", url);
-    else history.replaceState(null, "", url);
-  } catch {
-    /* file:// and the like */
-  }
 }
 
 /** Shows what the hash names (on load, Back and Forward, or an edited address). */

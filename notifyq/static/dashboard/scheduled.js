@@ -1,12 +1,12 @@
 // The Scheduled page (GET /scheduled): jobs due later.
 
 import { api, segment } from "./api.js";
-import { openJob, showJob } from "./detail.js";
+import { emit } from "./bus.js";
+import { trouble } from "./conn.js";
 import { $, h, setText } from "./dom.js";
 import { fmtDuration, fmtInt, fmtTime, shortId } from "./format.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
-import { tick, trouble } from "./poll.js";
-import { writeHash } from "./router.js";
+import { writeHash } from "./hash.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
 
 // Like the jobs list: the first pages are read again on every poll (500 rows at most), and
@@ -110,7 +110,7 @@ function waitWhy(job) {
 function makeScheduledRow(job) {
   const id = job.job_id;
   const open = h("button", { type: "button", class: "linkish", text: shortId(id), title: id, "aria-label": `Open job ${shortId(id)}` });
-  open.addEventListener("click", () => openJob(id));
+  open.addEventListener("click", () => emit("open-job", id));
   const run = h("button", { type: "button", class: "small", text: "Run now", "aria-label": `Run job ${shortId(id)} now` });
   run.addEventListener("click", () => scheduledAction(id, "run-now", run));
   const cancel = h("button", { type: "button", class: "small danger", text: "Cancel", "aria-label": `Cancel job ${shortId(id)}` });
@@ -176,8 +176,8 @@ async function scheduledAction(id, kind, button) {
   try {
     const job = await api("POST", `jobs/${segment(id)}/${kind}`);
     toast(kind === "run-now" ? `Job ${shortId(id)} is due now.` : `Job ${shortId(id)} cancelled.`);
-    if (state.selectedId === id && job && job.job_id) showJob(job);
-    tick();
+    if (state.selectedId === id && job && job.job_id) emit("job", job);
+    emit("refresh");
   } catch (err) {
     actionFailed(err, `Could not ${kind === "run-now" ? "run" : "cancel"} job ${shortId(id)}`);
     refreshScheduled().catch(() => {});

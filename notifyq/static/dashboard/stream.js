@@ -1,7 +1,8 @@
-// The selected job's event stream (GET /jobs/{id}/events), read with fetch().
+// The selected job's event stream (GET /jobs/{id}/events), read with fetch(). Each job it
+// reads is the bus's "job" event, which the detail shows.
 
 import { API_BASE, getToken, segment } from "./api.js";
-import { showJob } from "./detail.js";
+import { emit } from "./bus.js";
 import { $ } from "./dom.js";
 import { FINAL } from "./format.js";
 import { state } from "./state.js";
@@ -55,7 +56,7 @@ async function runStream(stream) {
       if (state.stream !== stream || event !== "job") return; // "error": the stream ends
       const job = JSON.parse(data);
       if (FINAL.has(job.status)) ended = true;
-      showJob(job);
+      emit("job", job);
     });
   } catch {
     /* aborted, or the connection broke: the poll serves */

@@ -1,7 +1,7 @@
 // The Workers page (GET /workers).
 
 import { api } from "./api.js";
-import { openJob } from "./detail.js";
+import { emit } from "./bus.js";
 import { $, h, setText } from "./dom.js";
 import { fmtAgo, fmtInt, fmtTime, shortId } from "./format.js";
 import { state } from "./state.js";
@@ -20,7 +20,7 @@ function renderWorkers() {
     ...rows.map((w) => {
       const jobs = w.jobs.map((job) => {
         const open = h("button", { type: "button", class: "linkish", text: `${shortId(job.job_id)} ${job.task}`, title: `${job.job_id} on ${job.queue}, started ${fmtTime(job.started_at)}`, "aria-label": `Open job ${shortId(job.job_id)} (${job.task}), run by ${w.worker_id}` });
-        open.addEventListener("click", () => openJob(job.job_id));
+        open.addEventListener("click", () => emit("open-job", job.job_id));
         return h("li", {}, open, h("span", { class: "muted small", text: ` ${fmtAgo(job.started_at)}` }));
       });
       const more = w.running - w.jobs.length;

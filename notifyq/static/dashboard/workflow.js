@@ -1,12 +1,12 @@
 // The workflow view: a workflow's jobs as a graph, polled while any of them runs.
 
 import { api, segment } from "./api.js";
-import { openJob } from "./detail.js";
+import { emit } from "./bus.js";
+import { needToken, trouble } from "./conn.js";
 import { $, h, setText, svg } from "./dom.js";
 import { badge, barProgress, FINAL, fmtInt, fmtProgress, json, progressBar, shortId, STATUSES, updateBar } from "./format.js";
+import { writeHash } from "./hash.js";
 import { refreshJobs } from "./jobs.js";
-import { needToken, trouble } from "./poll.js";
-import { showView, writeHash } from "./router.js";
 import { HIDDEN_POLL_MS, POLL_MS, state } from "./state.js";
 
 const WORKFLOW_POLL_MS = 1000;
@@ -43,7 +43,7 @@ export function showWorkflow(id) {
   if (state.wf && state.wf.id === id) return;
   if (state.wf) clearTimeout(state.wf.timer); // another workflow: replaced in place
   state.wf = { id, data: null, missing: false, error: null, timer: null, busy: false, again: false, done: false, layoutKey: null, nodes: new Map(), edges: [] };
-  if (state.view !== "jobs") showView("jobs");
+  if (state.view !== "jobs") emit("show-view", "jobs");
   $("jobs-card").hidden = true;
   $("workflow").hidden = false;
   renderWorkflow();
@@ -299,7 +299,7 @@ function makeNode(job, layer, outside) {
     h("span", { class: "wf-head" }, h("span", { class: "wf-ref" }), h("span", { class: "wf-task" })),
     h("span", { class: "wf-meta" }, h("span", { class: "wf-status" }), " · ", h("span", { class: "wf-id" })),
   );
-  node.addEventListener("click", () => openJob(job.job_id));
+  node.addEventListener("click", () => emit("open-job", job.job_id));
   return node;
 }
 
