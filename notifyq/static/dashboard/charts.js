@@ -50,9 +50,43 @@ function niceStep(max, ticks) {
 
 export function drawChart() {
   const canvas = $("chart");
+  const ctx = fitCanvas(canvas);
+  if (!ctx) return;
+  const css = getComputedStyle(document.documentElement);
+  const color = (name) => css.getPropertyValue(name).trim();
+
+  const pts = series();
+  const frame = chartFrame(canvas, pts);
+  drawGrid(ctx, frame, color);
+
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(frame.pad.l, frame.pad.t - 2, frame.w, frame.hh + 4);
+  ctx.clip();
+  drawRate(ctx, frame, color);
+  const line = (key, name, dash) => {
+    const { visible, x, y } = frame;
+    if (!visible.length) return;
+    ctx.beginPath();
+    visible.forEach((p, i) => (i ? ctx.lineTo(x(p.t), y(p[key])) : ctx.moveTo(x(p.t), y(p[key]))));
+    ctx.setLineDash(dash);
+    ctx.strokeStyle = color(name);
+    ctx.lineWidth = 1.5;
+    ctx.stroke();
+    ctx.setLineDash([]);
+  };
+  line("avg", "--chart-avg", [5, 3]);
+  if (frame.visible.some((p) => p.failed > 0)) line("failed", "--chart-failed", [2, 2]);
+  ctx.restore();
+
+  describeChart(canvas, pts, frame.span);
+}
+
+// The canvas sized to its box at the screen's pixel ratio, cleared; null while it has no size.
+function fitCanvas(canvas) {
   const width = canvas.clientWidth;
   const height = canvas.clientHeight;
-  if (!width || !height) return;
+  if (!width || !height) return null;
   const dpr = window.devicePixelRatio || 1;
   if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
     canvas.width = Math.round(width * dpr);
@@ -61,10 +95,11 @@ export function drawChart() {
   const ctx = canvas.getContext("2d");
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, width, height);
-  const css = getComputedStyle(document.documentElement);
-  const color = (name) => css.getPropertyValue(name).trim();
+  return ctx;
+}
 
-  const pts = series();
+// What the chart shows (its time span, the points in it, the scale) and where (x and y).
+function chartFrame(canvas, pts) {
   const now = performance.now();
   const first = state.samples.length ? state.samples[0].t : now;
   const span = Math.min(CHART_WINDOW_S, Math.max(CHART_MIN_SPAN_S, (now - first) / 1000));
@@ -72,13 +107,16 @@ export function drawChart() {
   const peak = Math.max(1, ...visible.map((p) => Math.max(p.rate ?? 0, p.avg, p.failed)));
   const step = niceStep(peak * 1.08, 4);
   const top = step * Math.ceil((peak * 1.08) / step);
-
   const pad = { l: 40, r: 8, t: 8, b: 18 };
-  const w = width - pad.l - pad.r;
-  const hh = height - pad.t - pad.b;
+  const w = canvas.clientWidth - pad.l - pad.r;
+  const hh = canvas.clientHeight - pad.t - pad.b;
   const x = (t) => pad.l + w * (1 - (now - t) / 1000 / span);
   const y = (v) => pad.t + hh * (1 - v / top);
+  return { span, visible, step, top, pad, w, hh, x, y };
+}
 
+// The horizontal grid lines with their values, and the time labels under the chart.
+function drawGrid(ctx, { span, step, top, pad, w, hh, y }, color) {
   ctx.font = `11px ${getComputedStyle(document.body).fontFamily}`;
   ctx.lineWidth = 1;
   ctx.strokeStyle = color("--chart-grid");
@@ -102,13 +140,10 @@ export function drawChart() {
     const label = ago === 0 ? "now" : ago % 60 === 0 ? `−${ago / 60} min` : `−${ago} s`;
     ctx.fillText(label, Math.min(Math.max(xx, pad.l + 12), pad.l + w - 12), pad.t + hh + 4);
   }
+}
 
-  ctx.save();
-  ctx.beginPath();
-  ctx.rect(pad.l, pad.t - 2, w, hh + 4);
-  ctx.clip();
-
-  // completed / s between polls: filled area, broken where unknown
+// Completed jobs a second between polls: a filled area, broken where unknown.
+function drawRate(ctx, { visible, x, y }, color) {
   const runs = [];
   let run = [];
   for (const p of visible) {
@@ -137,21 +172,10 @@ export function drawChart() {
       ctx.fillRect(x(r[0].t) - 1.5, y(r[0].rate) - 1.5, 3, 3);
     }
   }
+}
 
-  const line = (key, name, dash) => {
-    if (!visible.length) return;
-    ctx.beginPath();
-    visible.forEach((p, i) => (i ? ctx.lineTo(x(p.t), y(p[key])) : ctx.moveTo(x(p.t), y(p[key]))));
-    ctx.setLineDash(dash);
-    ctx.strokeStyle = color(name);
-    ctx.lineWidth = 1.5;
-    ctx.stroke();
-    ctx.setLineDash([]);
-  };
-  line("avg", "--chart-avg", [5, 3]);
-  if (visible.some((p) => p.failed > 0)) line("failed", "--chart-failed", [2, 2]);
-  ctx.restore();
-
+// The figures beside the chart, and the same in words for a screen reader (and the tests).
+function describeChart(canvas, pts, span) {
   const latest = pts[pts.length - 1];
   const rateNow = [...pts].reverse().find((p) => p.rate !== null);
   canvas.dataset.rate = rateNow ? String(rateNow.rate) : "";
