@@ -3,15 +3,22 @@
 The schema's owner runs the migrations; nothing else needs DDL. Roles of the other kinds:
 
 - ``producer``: enqueues jobs (a plain ``INSERT`` of the columns a producer may set,
-  ``notifyq.enqueue``, ``Queue.enqueue``, workflows) and reads jobs (``Queue.get``,
-  ``Queue.wait``, whose watch goes through a function). It can neither change a job nor claim
-  one. The insert triggers and the enqueue functions run as the
-  schema's owner (they read the tasks' registrations and the waiting workers), so the producer
-  needs no privilege on those tables.
+  ``notifyq.enqueue``, ``Queue.enqueue``, workflows) and reads the jobs whose ids it holds
+  (``Queue.get``, ``Queue.wait``: through ``notifyq.job_v1`` and the watch functions). It reads
+  no table, so it sees neither the jobs of other clients (their payloads, results and errors)
+  nor their ids; it can neither change a job nor claim one. The insert triggers and the
+  enqueue functions run as the schema's owner (they read the tasks' registrations and the
+  waiting workers), so the producer needs no privilege on those tables.
 - ``worker``: runs workers and the API (``serve --no-worker`` too, with
   ``NOTIFYQ_AUTO_MIGRATE=false``): reads and writes the rows of notifyq's tables, never their
-  shape; the archive's partitions (NOTIFYQ_ARCHIVE_AFTER) are created and dropped through two
-  functions that run as the schema's owner, which only this kind may call.
+  shape, and executes every function of the schema (those of later migrations too, by the
+  default privileges of the role that runs ``grant``, the schema's owner). The archive's
+  partitions (NOTIFYQ_ARCHIVE_AFTER) are created and dropped through two of them, which run as
+  the schema's owner.
+
+PUBLIC executes only ``notifyq.enqueue`` (sql/022): every other function, among them those that
+run as the schema's owner (the maintenance lead, the watches, the wake-ups), is refused to a
+role that is not granted one of these kinds.
 """
 
 from __future__ import annotations
@@ -42,8 +49,21 @@ WORKER_READS = ("settings", "migrations")
 #: The archive (sql/015): a worker's maintenance leader moves finished jobs into it; reads of a
 #: job (any client's) look there when the job is not in notifyq.jobs.
 ARCHIVE = "jobs_archive"
-#: The owner's functions that create and drop the archive's partitions (revoked from PUBLIC).
-ARCHIVE_FUNCTIONS = ("archive_prepare_v1(float8, integer)", "archive_drop_v1(float8)")
+#: The functions a producer's enqueues and reads call (sql/022 grants the same to producers
+#: granted before it). Every other function is the worker's.
+PRODUCER_FUNCTIONS = (
+    "uuid_v7()",
+    "keep_task_defaults_v2(text)",
+    "job_defaults_v1(text[], jsonb[], text[], integer[], integer[], integer)",
+    "enqueue_v4(text, jsonb, text, integer, timestamptz, float8, text, integer, integer, uuid[], "
+    "text, uuid, uuid, jsonb)",
+    "enqueue_many_v5(text[], jsonb[], text[], integer[], timestamptz[], float8[], text[], "
+    "integer[], integer, text[], text[], uuid[], uuid[], jsonb, text[])",
+    "job_v1(uuid)",
+    "watch_v1(uuid, text, float8)",
+    "refresh_watches_v1(text, uuid[], float8)",
+    "unwatch_v1(uuid, text)",
+)
 
 
 def statements(role: str, kind: Kind) -> list[sql.Composed]:
@@ -57,8 +77,15 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
         columns = sql.SQL(", ").join(map(sql.Identifier, PRODUCER_COLUMNS))
         found += [
             sql.SQL("GRANT INSERT ({}) ON notifyq.jobs TO {}").format(columns, who),
-            sql.SQL("GRANT SELECT ON notifyq.jobs, notifyq.jobs_done TO {}").format(who),
-            sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier("notifyq", ARCHIVE), who),
+            # Versions before 22 let a producer read every job: taken back.
+            sql.SQL("REVOKE SELECT ON notifyq.jobs, notifyq.jobs_done, {} FROM {}").format(
+                sql.Identifier("notifyq", ARCHIVE), who
+            ),
+        ]
+        # A function's signature is not an identifier: these are constants of this module.
+        found += [
+            sql.SQL("GRANT EXECUTE ON FUNCTION notifyq.{} TO {}").format(sql.SQL(function), who)
+            for function in PRODUCER_FUNCTIONS
         ]
         return found
     tables = sql.SQL(", ").join(sql.Identifier("notifyq", name) for name in WORKER_TABLES)
@@ -70,10 +97,11 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
             sql.Identifier("notifyq", ARCHIVE), who
         ),
     ]
-    # A function's signature is not an identifier: these are constants of this module.
     found += [
-        sql.SQL("GRANT EXECUTE ON FUNCTION notifyq.{} TO {}").format(sql.SQL(function), who)
-        for function in ARCHIVE_FUNCTIONS
+        sql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {} TO {}").format(schema, who),
+        sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT EXECUTE ON FUNCTIONS TO {}").format(
+            schema, who
+        ),
     ]
     return found
 

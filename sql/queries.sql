@@ -11,15 +11,25 @@
 -- process's own NOTIFYQ_MAX_ATTEMPTS, when set. Built-ins are qualified: these statements also
 -- run on the caller's own connection, whatever its search_path.
 -- name: enqueue_plain
-INSERT INTO notifyq.jobs (task, payload, queue, priority, run_at, max_attempts)
-SELECT d.task, %(payload)s::jsonb, d.queue, d.priority,
-       coalesce(%(run_at)s::timestamptz,
-                pg_catalog.now() + pg_catalog.make_interval(secs => %(delay)s::float8)),
-       d.max_attempts
-FROM notifyq.job_defaults_v1(ARRAY[%(task)s::text], ARRAY[NULL::jsonb], ARRAY[%(queue)s::text],
-                             ARRAY[%(priority)s::integer], ARRAY[%(max_attempts)s::integer],
-                             %(fallback)s::integer) AS d
-RETURNING id AS job_id, false AS duplicate, status, run_at, created_at
+WITH input AS MATERIALIZED (
+    SELECT notifyq.uuid_v7() AS id,
+           coalesce(%(run_at)s::timestamptz,
+                    pg_catalog.now() + pg_catalog.make_interval(secs => %(delay)s::float8))
+               AS run_at
+), inserted AS (
+    INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
+    SELECT i.id, d.task, %(payload)s::jsonb, d.queue, d.priority, i.run_at, d.max_attempts
+    FROM input AS i,
+         notifyq.job_defaults_v1(ARRAY[%(task)s::text], ARRAY[NULL::jsonb],
+                                 ARRAY[%(queue)s::text], ARRAY[%(priority)s::integer],
+                                 ARRAY[%(max_attempts)s::integer], %(fallback)s::integer) AS d
+    RETURNING 1
+)
+-- What the row holds, answered without reading it back: a producer may not read the table
+-- (sql/022). Such a job has no dependencies, so it starts queued, created now().
+SELECT i.id AS job_id, false AS duplicate, 'queued' AS status, i.run_at,
+       pg_catalog.now() AS created_at
+FROM input AS i, (SELECT pg_catalog.count(*) FROM inserted) AS written
 
 -- Many jobs without dedup keys, their tasks named: one INSERT ... SELECT, defaults from
 -- notifyq.job_defaults_v1. The ids are made here and answered as one array in input order
@@ -72,12 +82,14 @@ FROM notifyq.enqueue_many_v5(
     %(trace_context)s::jsonb, %(refs)b::text[])
 ORDER BY ord
 
+-- A job by its id, live, finished or archived (notifyq.job_v1, sql/022: the read a producer,
+-- which may not read the tables, is granted).
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref
-FROM notifyq.jobs
-WHERE id = %(id)s;
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
+       archived
+FROM notifyq.job_v1(%(id)s::uuid);
 
 -- See notifyq.claim_v4 (sql/007): with the results of the jobs each depends on, and the trace
 -- context each was enqueued in.

@@ -1194,6 +1194,46 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.job_v1(p_id uuid) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, status text, priority integer, run_at timestamp with time zone, attempt_count integer, max_attempts integer, dedup_key text, result jsonb, last_error text, errors jsonb, created_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone, worker_id text, lease_expires_at timestamp with time zone, cancel_requested_at timestamp with time zone, depends_on uuid[], group_key text, workflow_id uuid, progress jsonb, ref text, archived boolean)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    (SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attempt_count,
+            j.max_attempts, j.dedup_key, j.result, j.last_error, j.errors, j.created_at,
+            j.started_at, j.finished_at, j.worker_id, j.lease_expires_at,
+            j.cancel_requested_at, j.depends_on, j.group_key, j.workflow_id, j.progress, j.ref,
+            false
+     FROM notifyq.jobs AS j WHERE j.id = p_id)
+    UNION ALL
+    (SELECT a.id, a.task, a.queue, a.payload, a.status, a.priority, a.run_at, a.attempt_count,
+            a.max_attempts, a.dedup_key, a.result, a.last_error, a.errors, a.created_at,
+            a.started_at, a.finished_at, a.worker_id, NULL, a.cancel_requested_at,
+            a.depends_on, a.group_key, a.workflow_id, a.progress, a.ref, true
+     FROM notifyq.jobs_archive AS a WHERE a.id = p_id)
+    LIMIT 1;
+$$;
+
+CREATE FUNCTION notifyq.join_workflow_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_mine text := coalesce(current_setting('notifyq.new_workflows', true), '');
+BEGIN
+    IF position(NEW.workflow_id::text IN v_mine) > 0 THEN
+        RETURN NEW;
+    END IF;
+    IF EXISTS (SELECT 1 FROM notifyq.jobs WHERE workflow_id = NEW.workflow_id)
+       OR EXISTS (SELECT 1 FROM notifyq.jobs_archive WHERE workflow_id = NEW.workflow_id) THEN
+        RAISE EXCEPTION 'notifyq: workflow % was made by another transaction: a job joins a '
+                        'workflow only in the transaction that makes it', NEW.workflow_id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    PERFORM set_config('notifyq.new_workflows', v_mine || NEW.workflow_id::text || ',', true);
+    RETURN NEW;
+END;
+$$;
+
 CREATE FUNCTION notifyq.keep_task_defaults_v2(p_task text) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1220,18 +1260,25 @@ END;
 $$;
 
 CREATE FUNCTION notifyq.lead_v1(p_role text, p_holder text, p_ttl double precision) RETURNS boolean
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    WITH taken AS (
-        INSERT INTO notifyq.leaders AS l (role, holder, expires_at)
-        VALUES (p_role, p_holder, now() + make_interval(secs => p_ttl))
-        ON CONFLICT (role) DO UPDATE
-        SET holder = excluded.holder, expires_at = excluded.expires_at
-        WHERE l.holder = excluded.holder OR l.expires_at < now()
-        RETURNING 1
-    )
-    SELECT EXISTS (SELECT 1 FROM taken);
+DECLARE
+    v_taken boolean;
+BEGIN
+    IF p_ttl IS NULL OR NOT (p_ttl > 0 AND p_ttl <= 86400) THEN
+        RAISE EXCEPTION 'notifyq.lead_v1: the lease must be from 0 to 86400 seconds, not %',
+            p_ttl
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO notifyq.leaders AS l (role, holder, expires_at)
+    VALUES (p_role, p_holder, now() + make_interval(secs => p_ttl))
+    ON CONFLICT (role) DO UPDATE
+    SET holder = excluded.holder, expires_at = excluded.expires_at
+    WHERE l.holder = excluded.holder OR l.expires_at < now()
+    RETURNING true INTO v_taken;
+    RETURN coalesce(v_taken, false);
+END;
 $$;
 
 CREATE FUNCTION notifyq.limits_exist_v1(p_tasks text[]) RETURNS boolean
@@ -2515,6 +2562,8 @@ CREATE TRIGGER jobs_done_refuse_revival BEFORE UPDATE OF status ON notifyq.jobs_
 CREATE TRIGGER jobs_floor AFTER UPDATE OF status, queue, priority, run_at, group_blocked ON notifyq.jobs FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (NOT new.group_blocked) AND ((old.status <> 'queued'::text) OR old.group_blocked OR (old.queue <> new.queue) OR (old.priority <> new.priority) OR (new.run_at < old.run_at)))) EXECUTE FUNCTION notifyq.floor_requeued_v1();
 
 CREATE TRIGGER jobs_floors AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.floors_inserted_v1();
+
+CREATE TRIGGER jobs_join_workflow BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN ((new.workflow_id IS NOT NULL)) EXECUTE FUNCTION notifyq.join_workflow_v1();
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.notify_inserted_v2();
 

@@ -77,8 +77,7 @@ class Managing(Runner):
 
     async def get_job(self, job_id: UUID) -> Job | None:
         """The job, from notifyq.jobs or else the archive (``Job.archived``), or None."""
-        job = await self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
-        return job if job is not None else await self.get_archived_job(job_id)
+        return await self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
 
     async def get_archived_job(self, job_id: UUID) -> Job | None:
         """The job if it is in the archive (NOTIFYQ_ARCHIVE_AFTER), else None."""

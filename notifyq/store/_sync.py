@@ -109,10 +109,7 @@ class SyncStore:
 
     def get_job(self, job_id: UUID) -> Job | None:
         """The job, from notifyq.jobs or else the archive (``Job.archived``), or None."""
-        job = self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
-        if job is not None:
-            return job
-        return self._one("get_archived_job", {"id": job_id}, _JOB, what="reading an archived job")
+        return self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
 
     def watch(self, watcher: str, job_id: UUID, ttl: float) -> bool:
         """As :meth:`notifyq.store.Store.watch`: once this returns, a read of the job sees every
