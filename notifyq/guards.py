@@ -1,9 +1,13 @@
 """The checks that come before an API server starts, importable without a web framework.
 
 :func:`usable_token` refuses a blank ``NOTIFYQ_API_TOKEN``; :func:`bind_refusal` says why
-``serve``/``dev`` must not bind an address others can reach without a token; and
-:func:`uvicorn_http_options` caps the bytes of a request's head at the connection, before any
-middleware runs (uvicorn's httptools parser buffers a header of any size). The guards that check
+``serve``/``dev`` must not bind an address others can reach without a token, and
+:func:`cors_refusal` why they must not answer every origin without one; and
+:func:`uvicorn_http_options` bounds what a client may hold at the connection, before any
+middleware runs (so before any token is checked): the bytes of a request's head (uvicorn's
+httptools parser buffers a header of any size), the time it may take to send its head and its
+body (a client that trickles a byte now and then holds a connection for ever otherwise), and the
+number of connections. The guards that check
 each request (the token, the Host, the origin) are ASGI middleware in
 :mod:`notifyq.api.middleware`.
 """
@@ -14,6 +18,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from notifyq.errors import ConfigurationError
@@ -71,40 +76,83 @@ def bind_refusal(settings: Settings) -> str | None:
     )
 
 
-# -- the size of a request's head -------------------------------------------------------
+# -- what a client may hold: a request's head, its time, connections --------------------------
 
 
-def uvicorn_http_options(max_header_bytes: int) -> dict[str, Any]:
-    """``uvicorn.Config`` options that cap a request's line and headers at
-    ``max_header_bytes``: httptools (which buffers a header of any size) behind a protocol that
-    counts, or h11's own cap when httptools is not installed."""
+def cors_refusal(settings: Settings) -> str | None:
+    """Why the API must not start with these settings, or None: without a token, a wildcard
+    CORS origin lets any web page its visitor opens read the whole API by GET."""
+    if "*" in settings.cors_origins and usable_token(settings) is None:
+        return (
+            "refusing NOTIFYQ_CORS_ORIGINS=* without NOTIFYQ_API_TOKEN: any web site its "
+            "visitors open could read every job through their browser; list the origins that "
+            "may call the API, or set a token"
+        )
+    return None
+
+
+def uvicorn_http_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.Config`` options that bound what one client may hold: a request's line and
+    headers capped at NOTIFYQ_MAX_HEADER_BYTES, sent within NOTIFYQ_HEAD_TIMEOUT, its body
+    within NOTIFYQ_BODY_TIMEOUT (httptools, which buffers a header of any size, behind a
+    protocol that counts and times; h11's own cap when httptools is not installed, without the
+    timeouts), and at most NOTIFYQ_MAX_CONNECTIONS connections (uvicorn answers 503 past
+    them)."""
+    bounded: dict[str, Any] = {"limit_concurrency": settings.max_connections}
     try:
         import httptools  # noqa: F401
     except ImportError:
-        return {"http": "h11", "h11_max_incomplete_event_size": max_header_bytes}
-    return {"http": header_capped_protocol(max_header_bytes)}
+        logger.warning(
+            "httptools is not installed: requests are served by h11, without the head and "
+            "body timeouts (a slow client holds its connection until NOTIFYQ_MAX_CONNECTIONS)"
+        )
+        return bounded | {"http": "h11", "h11_max_incomplete_event_size": settings.max_header_bytes}
+    protocol = guarded_protocol(
+        settings.max_header_bytes,
+        head_timeout=settings.head_timeout,
+        body_timeout=settings.body_timeout,
+    )
+    return bounded | {"http": protocol}
 
 
-def header_capped_protocol(max_header_bytes: int) -> type[asyncio.Protocol]:
+def guarded_protocol(
+    max_header_bytes: int, *, head_timeout: float, body_timeout: float
+) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol, answering 431 and closing the connection once a request's
     head (request line and headers) passes ``max_header_bytes``, so that a huge header costs
-    at most the limit and one read, not its size."""
+    at most the limit and one read, not its size; answering 408 and closing it when a head
+    is not all in ``head_timeout`` seconds after the connection opened (or the request's
+    first byte, on a kept-alive connection); and closing it when a body is not all in
+    ``body_timeout`` seconds after its head."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeaderCappedProtocol(HttpToolsProtocol):
+    class GuardedProtocol(HttpToolsProtocol):
         """HttpToolsProtocol that measures each request's head twice: as read (to cut a head
         that never ends, before the parser buffers it) and once parsed (to refuse a complete
-        head over the limit that came in one read)."""
+        head over the limit that came in one read); and that times each head and body."""
 
         limit = max_header_bytes
         _in_head = True
         _read = 0
         _refused = False
+        _in_body = False
+        _timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            # A connection that never sends a byte holds a slot too.
+            self._time(head_timeout, self._head_too_slow)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._untime()
+            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
             if self._in_head:
+                if self._timer is None:
+                    self._time(head_timeout, self._head_too_slow)  # a kept-alive request
                 # A read that also holds the start of the body is over-counted, so this
                 # count decides only when the head is still unfinished after it.
                 self._read += len(data)
@@ -115,6 +163,8 @@ def header_capped_protocol(max_header_bytes: int) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self._in_body = True
+            self._time(body_timeout, self._body_too_slow)
             if self._refused:
                 return  # a request pipelined behind the refused one
             # The head is at most what was read since it began: measured only past the limit.
@@ -131,11 +181,48 @@ def header_capped_protocol(max_header_bytes: int) -> type[asyncio.Protocol]:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._untime()
+            self._in_body = False
             if self._refused:
                 return
             self._in_head = True
             self._read = 0
             super().on_message_complete()
+
+        def _time(self, seconds: float, then: Callable[[], None]) -> None:
+            self._untime()
+            self._timer = self.loop.call_later(seconds, then)
+
+        def _untime(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _head_too_slow(self) -> None:
+            self._timer = None
+            if self._in_head and not self.transport.is_closing():
+                self._close_slow("request head", 408, "Request Timeout", head_timeout)
+
+        def _body_too_slow(self) -> None:
+            self._timer = None
+            if self._in_body and not self.transport.is_closing():
+                # The app may be reading the body already: it sees the client go away.
+                self._close_slow("request body", None, "", body_timeout)
+
+        def _close_slow(self, what: str, status: int | None, reason: str, limit: float) -> None:
+            self._refused = True
+            client = f"{self.client[0]}:{self.client[1]} " if self.client else ""
+            self.logger.warning("%s%s not received within %gs: connection closed", client,
+                                what, limit)  # fmt: skip
+            if status is not None:
+                body = json.dumps({"detail": f"{what} not received within {limit:g} s"}).encode()
+                self.transport.write(
+                    b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n"
+                    % (status, reason.encode(), len(body))
+                    + body
+                )
+            self.transport.close()
 
         def _refuse(self) -> None:
             self._refused = True
@@ -152,4 +239,4 @@ def header_capped_protocol(max_header_bytes: int) -> type[asyncio.Protocol]:
             self.transport.write(b"".join(head) + body)
             self.transport.close()
 
-    return HeaderCappedProtocol
+    return GuardedProtocol

@@ -187,6 +187,28 @@ class Settings(BaseSettings):
         description="Most bytes of a request's line and headers `serve`/`dev` read; past "
         "them the connection gets 431 and is closed.",
     )
+    head_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client of `serve`/`dev` has to send a request's line and "
+        "headers, from its connection (or its request's first byte); past them 408 and the "
+        "connection is closed.",
+    )
+    body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client of `serve`/`dev` has to send a request's body once its "
+        "head is in; past them the connection is closed.",
+    )
+    max_connections: int = Field(
+        default=2048,
+        ge=1,
+        le=1_000_000,
+        description="Most connections (and requests in progress) `serve`/`dev` hold at once; "
+        "past them a request gets 503.",
+    )
     cors_origins: CommaList = Field(
         default_factory=list,
         description="Origins allowed to call the API from a browser (comma-separated); none "

@@ -5,6 +5,8 @@ open (they hold no job data), as before."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -61,6 +63,28 @@ async def test_a_docs_page_loads_its_assets_from_the_app_and_names_no_other_orig
         kind = CONTENT_TYPES[url[url.rindex(".") :]]
         assert asset.headers["content-type"].startswith(kind), (url, asset.headers)
         assert len(asset.content) > 1000, url
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+async def test_a_docs_page_runs_only_the_apps_scripts_and_its_own_inline_one(
+    settings: Settings, page: str
+) -> None:
+    # The token is pasted into /docs: a script of another origin, an injected inline one, a
+    # frame around the page or a form sent elsewhere would be a way to it.
+    async with docs_client(settings) as client:
+        answer = await client.get(page)
+    policy = dict(
+        directive.strip().split(" ", 1)
+        for directive in answer.headers["content-security-policy"].split(";")
+    )
+    sources = policy["script-src"].split()
+    assert sources[0] == "'self'" and "'unsafe-inline'" not in sources, policy
+    assert policy["default-src"] == "'none'" and policy["frame-ancestors"] == "'none'"
+    inline = re.findall(r"<script>(.*?)</script>", answer.text, re.DOTALL)
+    hashes = [
+        f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline
+    ]
+    assert sources[1:] == hashes
 
 
 async def test_swagger_ui_sends_the_schema_to_no_validator(settings: Settings) -> None:

@@ -8,7 +8,10 @@ The tests of this that need no database are in tests/unit/test_guards.py.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +25,7 @@ from pydantic import SecretStr
 from notifyq.api import create_app
 from notifyq.errors import ConfigurationError
 from notifyq.settings import Settings
-from tests.helpers import insert_in_state, notifyq_env, processes
+from tests.helpers import ROOT, insert_in_state, notifyq_env, processes
 from tests.unit.test_guards import TOKEN
 
 RIGHT = {"authorization": f"Bearer {TOKEN}"}
@@ -350,3 +353,95 @@ def read_response(sock: socket.socket) -> bytes:
         assert chunk, data
         body += chunk
     return head
+
+
+# -- slow clients and the number of connections, on a real server ---------------------------
+
+
+def trickle(port: int, count: int, first: bytes, limit: float) -> list[tuple[float, bytes]]:
+    """Opens ``count`` connections that send ``first`` and then (unless it is empty) one byte
+    each every 0.2 s, until the server closes them (or ``limit`` seconds pass); answers, for
+    each, the seconds until it did and what it sent before."""
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(count)]
+    start = time.monotonic()
+    ended: dict[socket.socket, tuple[float, bytes]] = {}
+    try:
+        for sock in socks:
+            if first:
+                sock.sendall(first)
+        while len(ended) < count and time.monotonic() < start + limit:
+            open_ = [sock for sock in socks if sock not in ended]
+            readable, _, _ = select.select(open_, [], [], 0.2)
+            for sock in readable:
+                ended[sock] = (time.monotonic() - start, _read_answer(sock))
+            for sock in open_:
+                if first and sock not in ended:
+                    try:
+                        sock.send(b"a")
+                    except OSError:
+                        ended[sock] = (time.monotonic() - start, b"")
+    finally:
+        for sock in socks:
+            sock.close()
+    return list(ended.values())
+
+
+def test_slow_heads_and_bodies_are_cut_off_within_their_timeouts(
+    db_url: str, tmp_path: Path
+) -> None:
+    timeouts = {"NOTIFYQ_HEAD_TIMEOUT": "1", "NOTIFYQ_BODY_TIMEOUT": "1.5"}
+    head = b"GET /queues HTTP/1.1\r\nHost: localhost\r\nX-Slow: "
+    body = (
+        b"POST /jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n{"
+    )
+    with served(db_url, tmp_path, **timeouts) as (port, _):
+        silent = trickle(port, 20, b"", limit=10)  # connect, then nothing
+        heads = trickle(port, 50, head, limit=10)
+        bodies = trickle(port, 20, body, limit=10)
+        ok = httpx.get(f"http://127.0.0.1:{port}/queues", timeout=10)
+    assert len(silent) == 20 and len(heads) == 50 and len(bodies) == 20
+    # Each within its timeout and the slack of a busy machine, however often it sent a byte.
+    assert max(seconds for seconds, _ in silent + heads) < 1 + 2, silent + heads
+    assert all(answer.startswith(b"HTTP/1.1 408 ") for _, answer in silent + heads)
+    assert max(seconds for seconds, _ in bodies) < 1.5 + 2, bodies
+    assert ok.status_code == 200
+
+
+def test_connections_past_the_bound_are_answered_503(db_url: str, tmp_path: Path) -> None:
+    bound = {"NOTIFYQ_MAX_CONNECTIONS": "5", "NOTIFYQ_HEAD_TIMEOUT": "30"}
+    with served(db_url, tmp_path, **bound) as (port, _):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
+        try:
+            refused = httpx.get(f"http://127.0.0.1:{port}/queues", timeout=10)
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + 10
+        while (
+            answer := httpx.get(f"http://127.0.0.1:{port}/queues", timeout=10)
+        ).status_code != 200:
+            assert time.monotonic() < deadline, answer
+    assert refused.status_code == 503
+
+
+# -- CORS -------------------------------------------------------------------------------------
+
+
+def test_a_wildcard_origin_without_a_token_is_refused_at_start(
+    settings: Settings, db_url: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"NOTIFYQ_CORS_ORIGINS=\* without"):
+        create_app(settings.model_copy(update={"cors_origins": ["*"]}))
+    create_app(settings.model_copy(update={"cors_origins": ["*"], "api_token": SecretStr(TOKEN)}))
+    create_app(settings.model_copy(update={"cors_origins": ["https://ops.example"]}))
+    done = subprocess.run(
+        [sys.executable, "-m", "notifyq", "serve", "--no-worker", "--port", "0"],
+        env=notifyq_env(db_url, NOTIFYQ_CORS_ORIGINS="*"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1 and "NOTIFYQ_CORS_ORIGINS=*" in done.stderr, done.stderr

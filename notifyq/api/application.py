@@ -11,15 +11,18 @@ of :mod:`.schemas`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.docs import get_redoc_html
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi_offline import FastAPIOffline
 
@@ -31,6 +34,7 @@ from notifyq.api.schemas import ErrorOut
 from notifyq.bootstrap import require_database
 from notifyq.db import connect_kwargs, listen_url, open_pool
 from notifyq.errors import ConfigurationError, DatabaseUnavailable
+from notifyq.guards import cors_refusal
 from notifyq.metrics import Metrics
 from notifyq.migrations import migrate
 from notifyq.notifier import CANCEL_CHANNEL, CHANNEL, JOB_CHANNEL, Listener
@@ -60,6 +64,15 @@ REDOC_CSP = (
     "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; base-uri 'none'; "
     "form-action 'none'; frame-ancestors 'none'"
 )
+#: What /docs is served with: Swagger UI from DOCS_ASSETS, and the page's own inline script,
+#: named by its hash (added per page, see _add_docs). The token is pasted there: no script of
+#: another origin, no frame, no form sent elsewhere.
+DOCS_CSP = (
+    "default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'"
+)
+_INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
 
 #: Open with a token set: liveness, the API's own documentation and its assets, and the
 #: dashboard's page and assets (none holds job data; the page asks for the token and sends it
@@ -68,7 +81,6 @@ OPEN_PATHS = frozenset(
     {
         "/health",
         "/docs",
-        "/docs/oauth2-redirect",
         "/redoc",
         "/openapi.json",
         *(f"{DOCS_ASSETS}/{name}" for name in DOCS_FILES),
@@ -90,6 +102,9 @@ def create_app(
     # Only `notifyq dev` starts an embedded PostgreSQL (and passes its URL in): a forgotten
     # DATABASE_URL in production must not create a second, empty job store.
     require_database(settings)
+    refusal = cors_refusal(settings)
+    if refusal is not None:
+        raise ConfigurationError(refusal)
     metrics = Metrics()
     tracer = tracing(settings)
 
@@ -102,8 +117,10 @@ def create_app(
         static_url=DOCS_ASSETS,
         # Swagger UI's validator badge would send the schema's address to a public validator.
         swagger_ui_parameters={"validatorUrl": None},
-        redoc_url=None,  # added below, with its CSP
+        docs_url=None,  # both added below, with their CSP
+        redoc_url=None,
     )
+    _add_docs(app)
     _add_redoc(app)
     app.state.settings = settings
     app.state.metrics = metrics
@@ -193,6 +210,30 @@ def _lifespan(
                 background.cancel_scope.cancel()
 
     return lifespan
+
+
+def _add_docs(app: FastAPI) -> None:
+    """/docs: Swagger UI, from DOCS_ASSETS, under DOCS_CSP with the hash of its inline script
+    (which holds the page's parameters)."""
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        page = get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            swagger_ui_parameters=app.swagger_ui_parameters,
+        )
+        scripts = _INLINE_SCRIPT.findall(bytes(page.body).decode())
+        hashes = " ".join(
+            f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'"
+            for s in scripts
+        )
+        page.headers["Content-Security-Policy"] = DOCS_CSP.format(hashes=hashes)
+        return page
 
 
 def _add_redoc(app: FastAPI) -> None:

@@ -149,8 +149,9 @@ def _run_server(settings: Settings, registry: Registry | None, banner: list[str]
             log_config=None,
             lifespan="on",
             timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
-            # A request's line and headers are capped before any middleware runs.
-            **guards.uvicorn_http_options(settings.max_header_bytes),
+            # A request's line and headers, the time to send them and the body, and the
+            # connections are bounded before any middleware runs.
+            **guards.uvicorn_http_options(settings),
         )
     )
 
