@@ -40,6 +40,7 @@ __all__ = [
     "NotifyQError",
     "PermanentFailure",
     "Queue",
+    "QueueFull",
     "Settings",
     "Snooze",
     "SyncQueue",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
         MigrationError,
         NotifyQError,
         PermanentFailure,
+        QueueFull,
         Snooze,
         TaskError,
     )

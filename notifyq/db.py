@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -28,10 +29,12 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from notifyq.errors import (
+    QUEUE_FULL_SQLSTATE,
     ConfigurationError,
     DatabaseError,
     DatabaseUnavailable,
     NotifyQError,
+    QueueFull,
     RefusedInput,
     SchemaMismatch,
     StatementTimeout,
@@ -296,6 +299,8 @@ def translated_error(exc: BaseException, what: str) -> NotifyQError | None:
     if not isinstance(exc, psycopg.Error):
         return None
     code = exc.sqlstate
+    if code == QUEUE_FULL_SQLSTATE:
+        return QueueFull(f"{what}: {first_line(exc)}", queue=_full_queue(exc))
     if isinstance(
         exc,
         (
@@ -312,6 +317,12 @@ def translated_error(exc: BaseException, what: str) -> NotifyQError | None:
     if isinstance(exc, (psycopg.errors.DataError, psycopg.errors.IntegrityError)):
         return RefusedInput(f"{what}: {first_line(exc)}", sqlstate=code)
     return DatabaseError(f"{what}: the database refused it: {first_line(exc)}", sqlstate=code)
+
+
+def _full_queue(exc: psycopg.Error) -> str | None:
+    """The queue a max_depth refusal names (as a JSON string, sql/022)."""
+    found = re.search(r'queue ("(?:[^"\\]|\\.)*") is full', exc.diag.message_primary or "")
+    return json.loads(found.group(1)) if found else None
 
 
 def first_line(exc: BaseException) -> str:

@@ -40,6 +40,20 @@ class RefusedInput(DatabaseError):
     integrity violation, such as a time out of range or a column only workers may set)."""
 
 
+#: The SQLSTATE of an insert refused by a queue's max_depth (sql/022).
+QUEUE_FULL_SQLSTATE = "NQ429"
+
+
+class QueueFull(DatabaseError):
+    """Raised when an enqueue would take a queue past its ``max_depth`` (``notifyq queue NAME
+    --max-depth N``): nothing of the statement was stored; retry later. ``queue`` names the
+    queue (PostgreSQL's SQLSTATE for it is ``NQ429``)."""
+
+    def __init__(self, message: str, *, queue: str | None) -> None:
+        super().__init__(message, sqlstate=QUEUE_FULL_SQLSTATE)
+        self.queue = queue
+
+
 class SchemaMismatch(DatabaseError):
     """Raised when a table or function notifyq needs is missing: the database has no notifyq
     schema, or an older one (run ``notifyq migrate``)."""

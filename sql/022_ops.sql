@@ -1,4 +1,4 @@
--- notifyq schema, version 22: no role oversteps.
+-- notifyq schema, version 22: no role oversteps, and a queue may refuse jobs past a depth.
 --
 -- PostgreSQL grants EXECUTE on every new function to PUBLIC. notifyq's functions that run as
 -- the schema's owner (SECURITY DEFINER) were therefore callable by any role with USAGE on the
@@ -17,6 +17,11 @@
 -- reads a job by its id through notifyq.job_v1, so it sees the jobs whose ids it was given. And
 -- a job joins a workflow only in the transaction that made the workflow's first job: nobody
 -- attaches a job to another client's workflow (and fails it) afterwards.
+--
+-- Backpressure: notifyq.queues.max_depth, when set, bounds the jobs of a queue that have not
+-- started (waiting or queued); an insert past it is refused, whichever path it came by (a plain
+-- INSERT, notifyq.enqueue, the API, the Python client), with SQLSTATE NQ429 naming the queue.
+-- While no queue sets one, an insert pays one look at notifyq.queues a statement, nothing a row.
 
 -- -- The lead's lease, bounded -----------------------------------------------------------------
 
@@ -104,6 +109,55 @@ $$;
 CREATE TRIGGER jobs_join_workflow BEFORE INSERT ON notifyq.jobs
 FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL)
 EXECUTE FUNCTION notifyq.join_workflow_v1();
+
+-- -- Backpressure: a queue's max_depth ---------------------------------------------------------
+
+ALTER TABLE notifyq.queues ADD COLUMN max_depth bigint CHECK (max_depth >= 0);
+
+-- After each INSERT statement: if some queue has a max_depth and this statement added jobs to
+-- it, its jobs not yet started (waiting or queued, this statement's included) must be at most
+-- max_depth, or the statement is refused (SQLSTATE NQ429, the queue named in the message as a
+-- JSON string). The count runs under a lock of the queue's, held to commit, and sees what the
+-- transactions that held it before committed: concurrent inserts never pass it together (in
+-- READ COMMITTED; a REPEATABLE READ transaction counts with its own snapshot).
+CREATE FUNCTION notifyq.refuse_overflow_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v record;
+    v_depth bigint;
+BEGIN
+    -- The common case: no queue is bounded; one look at a small table, nothing per row.
+    IF NOT EXISTS (SELECT 1 FROM notifyq.queues WHERE max_depth IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    FOR v IN
+        SELECT q.name, q.max_depth
+        FROM notifyq.queues AS q
+        WHERE q.max_depth IS NOT NULL
+          AND q.name IN (SELECT i.queue FROM inserted AS i
+                         WHERE i.status IN ('waiting', 'queued'))
+        ORDER BY q.name
+    LOOP
+        PERFORM pg_advisory_xact_lock(1852899334, hashtext(v.name));
+        SELECT count(*) INTO v_depth
+        FROM ONLY notifyq.jobs AS j
+        WHERE j.queue = v.name AND j.status IN ('waiting', 'queued');
+        IF v_depth > v.max_depth THEN
+            RAISE EXCEPTION 'notifyq: queue % is full: % jobs not yet started, max_depth %',
+                to_json(v.name)::text, v_depth, v.max_depth
+                USING ERRCODE = 'NQ429',
+                      HINT = 'Retry later, or raise the bound: notifyq queue NAME --max-depth N.';
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER jobs_max_depth AFTER INSERT ON notifyq.jobs
+REFERENCING NEW TABLE AS inserted
+FOR EACH STATEMENT EXECUTE FUNCTION notifyq.refuse_overflow_v1();
 
 -- -- EXECUTE: the worker's, a producer's, and PUBLIC's only notifyq.enqueue ---------------------
 

@@ -381,7 +381,7 @@ SELECT n.queue,
        coalesce(r.completed_last_minute, 0) AS completed_last_minute,
        coalesce(r.failed_last_minute, 0) AS failed_last_minute,
        coalesce(q.paused, false) AS paused, coalesce(q.notify, true) AS notify,
-       q.rate_limit
+       q.rate_limit, q.max_depth
 FROM names AS n
 LEFT JOIN live AS l ON l.queue = n.queue
 LEFT JOIN dead AS d ON d.queue = n.queue
@@ -391,18 +391,21 @@ LEFT JOIN completed_sampled AS cs ON cs.queue = n.queue
 LEFT JOIN notifyq.queues AS q ON q.name = n.queue
 ORDER BY n.queue;
 
--- Changes a queue's switches; NULL leaves one as it is, a rate limit of 0 removes it. Resuming
--- wakes the queue's workers.
+-- Changes a queue's switches; NULL leaves one as it is, a rate limit or a max_depth of 0
+-- removes it. Resuming wakes the queue's workers.
 -- name: configure_queue
 WITH changed AS (
-    INSERT INTO notifyq.queues (name, paused, notify, rate_limit, rate_tokens, updated_at)
+    INSERT INTO notifyq.queues (name, paused, notify, rate_limit, rate_tokens, max_depth,
+                                updated_at)
     VALUES (%(queue)s, coalesce(%(paused)s::boolean, false), coalesce(%(notify)s::boolean, true),
-            nullif(%(rate_limit)s::float8, 0), 0, now())
+            nullif(%(rate_limit)s::float8, 0), 0, nullif(%(max_depth)s::bigint, 0), now())
     ON CONFLICT (name) DO UPDATE
     SET paused = coalesce(%(paused)s::boolean, queues.paused),
         notify = coalesce(%(notify)s::boolean, queues.notify),
         rate_limit = CASE WHEN %(rate_limit)s::float8 IS NULL THEN queues.rate_limit
                           ELSE nullif(%(rate_limit)s::float8, 0) END,
+        max_depth = CASE WHEN %(max_depth)s::bigint IS NULL THEN queues.max_depth
+                         ELSE nullif(%(max_depth)s::bigint, 0) END,
         updated_at = now()
     RETURNING name, paused
 )

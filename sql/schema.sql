@@ -1702,6 +1702,41 @@ CREATE FUNCTION notifyq.refresh_watches_v1(p_watcher text, p_ids uuid[], p_ttl d
     ON CONFLICT (job_id, watcher) DO UPDATE SET expires_at = EXCLUDED.expires_at;
 $$;
 
+CREATE FUNCTION notifyq.refuse_overflow_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v record;
+    v_depth bigint;
+BEGIN
+    -- The common case: no queue is bounded; one look at a small table, nothing per row.
+    IF NOT EXISTS (SELECT 1 FROM notifyq.queues WHERE max_depth IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    FOR v IN
+        SELECT q.name, q.max_depth
+        FROM notifyq.queues AS q
+        WHERE q.max_depth IS NOT NULL
+          AND q.name IN (SELECT i.queue FROM inserted AS i
+                         WHERE i.status IN ('waiting', 'queued'))
+        ORDER BY q.name
+    LOOP
+        PERFORM pg_advisory_xact_lock(1852899334, hashtext(v.name));
+        SELECT count(*) INTO v_depth
+        FROM ONLY notifyq.jobs AS j
+        WHERE j.queue = v.name AND j.status IN ('waiting', 'queued');
+        IF v_depth > v.max_depth THEN
+            RAISE EXCEPTION 'notifyq: queue % is full: % jobs not yet started, max_depth %',
+                to_json(v.name)::text, v_depth, v.max_depth
+                USING ERRCODE = 'NQ429',
+                      HINT = 'Retry later, or raise the bound: notifyq queue NAME --max-depth N.';
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
 CREATE FUNCTION notifyq.refuse_row_v1() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2448,6 +2483,8 @@ CREATE TABLE notifyq.queues (
     rate_tokens double precision DEFAULT 0 NOT NULL,
     rate_refilled_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_depth bigint,
+    CONSTRAINT queues_max_depth_check CHECK ((max_depth >= 0)),
     CONSTRAINT queues_rate_burst_check CHECK ((rate_burst >= (1)::double precision)),
     CONSTRAINT queues_rate_limit_check CHECK ((rate_limit > (0)::double precision))
 );
@@ -2564,6 +2601,8 @@ CREATE TRIGGER jobs_floor AFTER UPDATE OF status, queue, priority, run_at, group
 CREATE TRIGGER jobs_floors AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.floors_inserted_v1();
 
 CREATE TRIGGER jobs_join_workflow BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN ((new.workflow_id IS NOT NULL)) EXECUTE FUNCTION notifyq.join_workflow_v1();
+
+CREATE TRIGGER jobs_max_depth AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.refuse_overflow_v1();
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.notify_inserted_v2();
 

@@ -43,7 +43,7 @@ FUNCTIONS = {
     "pending_duplicate_v1": False, "progress_v1": False, "prune_marks_v1": False,
     "prune_ticks_v1": False, "prune_v2": False, "raise_floors_v1": False,
     "recheck_waiting_v1": True, "refresh_waiting_v1": False, "refresh_watches_v1": True,
-    "refuse_row_v1": False, "refuse_status_v1": False,
+    "refuse_overflow_v1": True, "refuse_row_v1": False, "refuse_status_v1": False,
     "register_task_v1": False, "release_v3": False, "rescue_v3": False, "resign_v1": True,
     "retry_v1": False, "retry_v2": False, "revive_v1": False, "seal_floors_v1": False,
     "settle_v1": False, "settle_v2": False, "snooze_v1": False, "start_jobs_v3": False,

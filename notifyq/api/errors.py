@@ -2,8 +2,8 @@
 
 Every 4xx and 5xx is ``{"detail": ...}`` saying what is wrong (:class:`ErrorOut`). Bad input is
 a 422, whichever layer found it (FastAPI, pydantic, notifyq's checks, or PostgreSQL refusing a
-value); an unreachable database a 503 with Retry-After; any other database error a 500 whose
-cause is logged, not shown.
+value); an enqueue past a queue's max_depth a 429 with Retry-After; an unreachable database a
+503 with Retry-After; any other database error a 500 whose cause is logged, not shown.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from notifyq.errors import (
     DatabaseError,
     DatabaseUnavailable,
     InvalidJob,
+    QueueFull,
     RefusedInput,
     SchemaMismatch,
 )
@@ -47,6 +48,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     app.add_exception_handler(InvalidJob, _invalid)
+    app.add_exception_handler(QueueFull, _full)
     app.add_exception_handler(RefusedInput, _refused)
     app.add_exception_handler(DatabaseError, _failed)
 
@@ -83,6 +85,20 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=422)
+
+
+#: Seconds a client refused by a full queue is told to wait (Retry-After): workers drain a
+#: queue in seconds, and a client that retries sooner only adds load.
+FULL_RETRY_AFTER = 5
+
+
+async def _full(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, QueueFull)
+    return JSONResponse(
+        {"detail": str(exc), "queue": exc.queue},
+        status_code=429,
+        headers={"Retry-After": str(FULL_RETRY_AFTER)},
+    )
 
 
 async def _refused(request: Request, exc: Exception) -> JSONResponse:

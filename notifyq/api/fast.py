@@ -90,6 +90,7 @@ def add_routes(app: FastAPI, dependencies: Sequence[params.Depends]) -> None:
         200: {"model": EnqueuedOut, "description": "A queued duplicate was replaced."},
         413: {"model": ErrorOut, "description": "The body is over the size limit."},
         422: {"model": ErrorOut, "description": "The body is malformed."},
+        429: {"model": ErrorOut, "description": "The queue is at its max_depth; see Retry-After."},
     },
     summary="Enqueue a job",
 )
@@ -109,7 +110,10 @@ async def post_job(request: Request) -> Response:
     "/jobs/batch",
     response_model=BatchOut,
     openapi_extra=_json_body(BatchIn),
-    responses={422: {"model": ErrorOut, "description": "A job is malformed; none is stored."}},
+    responses={
+        422: {"model": ErrorOut, "description": "A job is malformed; none is stored."},
+        429: {"model": ErrorOut, "description": "A queue is at its max_depth; none is stored."},
+    },
     summary="Enqueue many jobs in one round trip",
 )
 async def post_batch(request: Request) -> Response:

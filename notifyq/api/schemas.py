@@ -288,6 +288,11 @@ class QueueOut(BaseModel):
     paused: bool
     notify: bool = Field(description="Whether inserts wake workers (else they poll).")
     rate_limit: float | None = Field(description="Jobs per second across all workers.")
+    max_depth: int | None = Field(
+        default=None,
+        description="Most jobs not yet started (waiting or queued); an enqueue past it is "
+        "refused with 429.",
+    )
 
 
 RetryableStatus = Literal["failed", "cancelled"]

@@ -184,6 +184,7 @@ class QueueArgs(Arguments):
     pause: bool
     resume: bool
     rate_limit: float | None
+    max_depth: int | None
     notify: Literal["on", "off"] | None
 
     @property

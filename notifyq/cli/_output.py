@@ -53,6 +53,8 @@ def queue_table(rows: Sequence[Mapping[str, Any]], *, color: bool) -> list[str]:
         state = paint("paused" if row["paused"] else "active", "33", row["paused"])
         if row.get("rate_limit"):
             state += f", {row['rate_limit']:g}/s"
+        if row.get("max_depth"):
+            state += f", max {row['max_depth']}"
         if row.get("notify") is False:
             state += ", polled"
         failed = paint(f"{row['failed']:>7}", "31", row["failed"] > 0)

@@ -72,6 +72,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 2**62:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to {2**62}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -266,7 +273,7 @@ def _job_commands(commands: _Commands) -> None:
 
 def _queue_commands(commands: _Commands) -> None:
     queue = commands.add_parser(
-        "queue", help="pause, resume, rate-limit a queue, or switch its notifications"
+        "queue", help="pause, resume, rate-limit or bound a queue, or switch its notifications"
     )
     queue.add_argument("name", metavar="QUEUE")
     state = queue.add_mutually_exclusive_group()
@@ -277,6 +284,13 @@ def _queue_commands(commands: _Commands) -> None:
         type=_seconds,
         metavar="JOBS_PER_SECOND",
         help="jobs started per second across all workers; 0 removes the limit",
+    )
+    queue.add_argument(
+        "--max-depth",
+        type=_non_negative_int,
+        metavar="JOBS",
+        help="most jobs not yet started (waiting or queued); an enqueue past it is refused "
+        "(HTTP 429, notifyq.QueueFull, SQLSTATE NQ429); 0 removes the bound",
     )
     queue.add_argument(
         "--notify",

@@ -21,14 +21,18 @@ def _queue(settings: Settings) -> Queue:
 
 
 def queue(args: QueueArgs, settings: Settings) -> int:
-    """Pauses, resumes, rate-limits a queue or switches its notifications, then prints its
-    row of the queues table."""
+    """Pauses, resumes, rate-limits or bounds a queue or switches its notifications, then
+    prints its row of the queues table."""
     check_name("queue", args.name)
 
     async def run() -> list[dict[str, Any]]:
         async with _queue(settings) as q:
             await q.store.configure_queue(
-                args.name, paused=args.paused, rate_limit=args.rate_limit, notify=args.notifying
+                args.name,
+                paused=args.paused,
+                rate_limit=args.rate_limit,
+                notify=args.notifying,
+                max_depth=args.max_depth,
             )
             return [row for row in await q.store.queue_stats() if row["queue"] == args.name]
 

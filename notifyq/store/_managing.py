@@ -298,10 +298,17 @@ class Managing(Runner):
         paused: bool | None = None,
         rate_limit: float | None = None,
         notify: bool | None = None,
+        max_depth: int | None = None,
     ) -> None:
-        """Changes a queue's switches; None leaves one as it is (a rate limit of 0 removes
-        it)."""
-        params = {"queue": queue, "paused": paused, "rate_limit": rate_limit, "notify": notify}
+        """Changes a queue's switches; None leaves one as it is (a rate limit or a max_depth
+        of 0 removes it)."""
+        params = {
+            "queue": queue,
+            "paused": paused,
+            "rate_limit": rate_limit,
+            "notify": notify,
+            "max_depth": max_depth,
+        }
         await self._all("configure_queue", params, scalar_row, what="configuring a queue")
 
     async def list_tasks(self) -> list[dict[str, Any]]:
