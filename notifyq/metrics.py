@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from notifyq.doctor import Health
 
 __all__ = ["CONTENT_TYPE_LATEST", "MAX_QUEUES", "OTHER", "LabelBounds", "Metrics"]
 
@@ -57,6 +60,7 @@ class Metrics:
         self.bounds = LabelBounds()
         self._job_families()
         self._process_families()
+        self._health_families()
         self.depth_read_at = 0.0
 
     def _job_families(self) -> None:
@@ -155,6 +159,81 @@ class Metrics:
             ("queue",),
             registry=r,
         )
+
+    def _health_families(self) -> None:
+        """What ``notifyq doctor`` reads, as gauges (set when /metrics is scraped)."""
+        r = self.registry
+        self.horizon_age = Gauge(
+            "notifyq_horizon_age_seconds",
+            "Age of the oldest snapshot (session or prepared transaction) holding the xmin "
+            "horizon of this database; 0 when none.",
+            registry=r,
+        )
+        self.horizon_xid_age = Gauge(
+            "notifyq_horizon_xid_age",
+            "Transactions since the oldest snapshot anything (replication slots too) holds.",
+            registry=r,
+        )
+        self.table_rows = Gauge(
+            "notifyq_table_rows",
+            "Live and dead row versions of notifyq's tables (PostgreSQL's statistics).",
+            ("table", "state"),
+            registry=r,
+        )
+        self.listeners = Gauge(
+            "notifyq_listeners",
+            "LISTEN connections of notifyq's processes on this database, by whether they "
+            "still receive.",
+            ("state",),
+            registry=r,
+        )
+        self.notify_queue_usage = Gauge(
+            "notifyq_notification_queue_usage",
+            "Share of PostgreSQL's notification queue in use (pg_notification_queue_usage).",
+            registry=r,
+        )
+        self.expired_leases = Gauge(
+            "notifyq_leases_expired",
+            "Running jobs whose lease ran out and that are not rescued yet.",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "notifyq_maintenance_leader",
+            "1 when a worker leads the maintenance (rescue, retention), else 0.",
+            registry=r,
+        )
+        self.schema_version = Gauge(
+            "notifyq_schema_version",
+            "Schema version of the database (current) and of this code (expected).",
+            ("of",),
+            registry=r,
+        )
+        self.health_checks = Gauge(
+            "notifyq_health_check",
+            "Each check of `notifyq doctor`: 0 ok, 1 warn, 2 fail.",
+            ("check",),
+            registry=r,
+        )
+
+    def set_health(self, health: Health) -> None:
+        """The gauges of :meth:`_health_families` from one :func:`notifyq.doctor.examine`."""
+        self.horizon_age.set(health.horizon_seconds)
+        self.horizon_xid_age.set(health.horizon_xid_age)
+        self.table_rows.clear()
+        for row in health.tables:
+            self.table_rows.labels(row["table"], "live").set(row["live"])
+            self.table_rows.labels(row["table"], "dead").set(row["dead"])
+        self.listeners.labels("receiving").set(len(health.listeners) - health.deaf_listeners)
+        self.listeners.labels("stopped").set(health.deaf_listeners)
+        overview = health.overview
+        self.notify_queue_usage.set(float(overview["notification_queue_usage"] or 0.0))
+        self.expired_leases.set(int(overview["expired_leases"]))
+        self.leader.set(1 if overview["leader"] else 0)
+        self.schema_version.labels("database").set(overview["schema_version"] or 0)
+        self.schema_version.labels("code").set(health.expected_version)
+        levels = {"ok": 0, "warn": 1, "fail": 2}
+        for check in health.checks:
+            self.health_checks.labels(check.name).set(levels[check.status])
 
     def _by_queue(self, family: _Family) -> _ByQueue[_Family]:
         return _ByQueue(family, self.bounds)

@@ -156,6 +156,14 @@ class Settings(BaseSettings):
     keep_cancelled: float | None = Field(
         default=7 * 86_400, ge=0, description="Seconds a cancelled job is kept."
     )
+    horizon_warn_after: float = Field(
+        default=300.0,
+        gt=0,
+        le=7 * 86_400,
+        description="Seconds after which a snapshot that holds the xmin horizon (a long "
+        "transaction, a REPEATABLE READ session, a prepared transaction) is a problem: the "
+        "maintenance leader logs a warning naming it, and `notifyq doctor` fails.",
+    )
     prune_interval: float = Field(
         default=60.0, gt=0, description="Seconds between a worker's retention passes."
     )

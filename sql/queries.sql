@@ -755,3 +755,102 @@ LEFT JOIN notifyq.queues AS q ON q.name = coalesce(j.queue, t.options ->> 'queue
 WHERE jsonb_typeof(t.options -> 'cron') = 'string'
 ORDER BY t.name
 LIMIT %(limit)s;
+
+-- -- What `notifyq doctor`, /metrics and the maintenance leader read of the database's health --
+
+-- The snapshots that hold the xmin horizon back, oldest first: sessions (their transaction's
+-- age, and what runs), replication slots and prepared transactions. Since PostgreSQL 14 a
+-- session of another database holds nothing here, so only this database's are named (all of
+-- them on 13). A role without pg_read_all_stats sees others' queries as
+-- "<insufficient privilege>".
+-- name: horizon_holders
+WITH here AS (
+    SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()
+), every_database AS (
+    SELECT pg_catalog.current_setting('server_version_num')::integer < 140000 AS yes
+)
+SELECT kind, holder, age_seconds, xid_age, detail
+FROM (
+    SELECT 'session' AS kind, a.pid::text AS holder,
+           extract(epoch FROM pg_catalog.clock_timestamp()
+                              - coalesce(a.xact_start, a.query_start, a.backend_start))::float8
+               AS age_seconds,
+           pg_catalog.age(a.backend_xmin)::bigint AS xid_age,
+           pg_catalog.jsonb_build_object(
+               'pid', a.pid, 'database', a.datname, 'user', a.usename,
+               'application', a.application_name, 'state', a.state,
+               'query', pg_catalog.left(a.query, 300)) AS detail
+    FROM pg_catalog.pg_stat_activity AS a
+    WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_catalog.pg_backend_pid()
+      AND (a.datid IS NULL OR a.datid = (SELECT oid FROM here)
+           OR (SELECT yes FROM every_database))
+    UNION ALL
+    SELECT 'replication slot', s.slot_name::text, NULL,
+           pg_catalog.age(s.xmin)::bigint,
+           pg_catalog.jsonb_build_object('slot', s.slot_name, 'active', s.active,
+                                         'database', s.database)
+    FROM pg_catalog.pg_replication_slots AS s
+    WHERE s.xmin IS NOT NULL
+    UNION ALL
+    SELECT 'prepared transaction', p.gid,
+           extract(epoch FROM pg_catalog.clock_timestamp() - p.prepared)::float8,
+           pg_catalog.age(p.transaction)::bigint,
+           pg_catalog.jsonb_build_object('gid', p.gid, 'owner', p.owner, 'database', p.database)
+    FROM pg_catalog.pg_prepared_xacts AS p
+    WHERE p.database = pg_catalog.current_database() OR (SELECT yes FROM every_database)
+) AS h
+ORDER BY xid_age DESC NULLS LAST, age_seconds DESC NULLS LAST
+LIMIT 5;
+
+-- Live and dead row versions of notifyq's busy tables (the statistics' counts, not exact).
+-- name: table_tuples
+SELECT s.relname::text AS "table", s.n_live_tup AS live, s.n_dead_tup AS dead,
+       greatest(s.last_vacuum, s.last_autovacuum) AS vacuumed_at
+FROM pg_catalog.pg_stat_user_tables AS s
+WHERE s.schemaname = 'notifyq'
+  AND s.relname IN ('jobs', 'jobs_done', 'claim_floors', 'leaders', 'waiting_workers',
+                    'watched_jobs', 'queues', 'tasks', 'minute_stats')
+ORDER BY s.relname;
+
+-- The LISTEN connections of notifyq's processes on this database, and whether each still
+-- receives: one inside a transaction gets nothing until it ends, and one waiting to write to
+-- its client (ClientWrite) has a client that stopped reading.
+-- name: listener_connections
+SELECT a.pid, a.application_name, a.state, a.wait_event,
+       extract(epoch FROM pg_catalog.clock_timestamp() - a.state_change)::float8
+           AS state_seconds
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = pg_catalog.current_database()
+  AND a.application_name IN ('notifyq-listener', 'notifyq-client-listener')
+ORDER BY a.pid;
+
+-- The rest of what the doctor reads, in one row.
+-- name: health_overview
+SELECT (SELECT max(version) FROM notifyq.migrations) AS schema_version,
+       pg_catalog.pg_notification_queue_usage() AS notification_queue_usage,
+       pg_catalog.current_setting('autovacuum') = 'on' AS autovacuum,
+       (SELECT count(*) FROM ONLY notifyq.jobs AS j
+        WHERE j.status = 'processing'
+          AND (j.lease_expires_at IS NULL OR j.lease_expires_at < now())) AS expired_leases,
+       (SELECT extract(epoch FROM now() - min(j.lease_expires_at))::float8
+        FROM ONLY notifyq.jobs AS j
+        WHERE j.status = 'processing' AND j.lease_expires_at < now()) AS oldest_expired_seconds,
+       (SELECT l.holder FROM notifyq.leaders AS l
+        WHERE l.role = 'maintenance' AND l.expires_at > now()) AS leader,
+       (SELECT count(*) FROM notifyq.waiting_workers AS w WHERE w.expires_at > now())
+           AS idle_workers,
+       (SELECT count(DISTINCT j.worker_id) FROM ONLY notifyq.jobs AS j
+        WHERE j.status = 'processing') AS busy_workers,
+       -- Functions PUBLIC may run besides notifyq.enqueue (sql/022 left it the only one).
+       ARRAY(SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc AS p
+             WHERE p.pronamespace = 'notifyq'::regnamespace AND p.proname <> 'enqueue'
+               AND pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')
+             ORDER BY 1) AS public_functions,
+       -- Roles that read every job's payload without being workers (producers granted before
+       -- version 22 keep their SELECT until granted again).
+       ARRAY(SELECT DISTINCT r.grantee::regrole::text
+             FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS r
+             WHERE c.oid = 'notifyq.jobs'::regclass AND r.privilege_type = 'SELECT'
+               AND r.grantee <> 0 AND r.grantee <> c.relowner
+               AND NOT pg_catalog.has_table_privilege(r.grantee, c.oid, 'UPDATE')
+             ORDER BY 1) AS job_readers;

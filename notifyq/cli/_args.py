@@ -204,6 +204,17 @@ class StatsArgs(Arguments):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DoctorArgs(Arguments):
+    """``notifyq doctor``."""
+
+    json: bool
+    horizon_warn_after: float | None
+
+    def settings_overrides(self) -> dict[str, object]:
+        return super().settings_overrides() | {"horizon_warn_after": self.horizon_warn_after}
+
+
+@dataclass(frozen=True, kw_only=True)
 class TopArgs(Arguments):
     """``notifyq top``."""
 

@@ -299,6 +299,19 @@ def _queue_commands(commands: _Commands) -> None:
     )
 
     commands.add_parser("stats", help="a table of the queues and their counts")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check the database's health (the xmin horizon, dead rows, listeners, leases, "
+        "leadership, schema, grants) and say what to do; exits 1 when something is wrong",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON document")
+    doctor.add_argument(
+        "--horizon-warn-after",
+        type=_seconds,
+        metavar="SECONDS",
+        help="age of a snapshot holding the horizon that fails the check "
+        "(NOTIFYQ_HORIZON_WARN_AFTER, default 300)",
+    )
     top = commands.add_parser("top", help="the queues table, refreshed until Ctrl-C")
     top.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     commands.add_parser("tasks", help="list the tasks workers registered, with their options")

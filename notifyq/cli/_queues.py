@@ -1,4 +1,5 @@
-"""The commands about queues and tasks: ``queue``, ``stats``, ``top`` and ``tasks``."""
+"""The commands about queues and tasks: ``queue``, ``stats``, ``doctor``, ``top`` and
+``tasks``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import anyio
 
-from notifyq.cli._args import QueueArgs, StatsArgs, TasksArgs, TopArgs
+from notifyq.cli._args import DoctorArgs, QueueArgs, StatsArgs, TasksArgs, TopArgs
 from notifyq.cli._output import queue_table, tasks_table, use_color
 from notifyq.client import Queue
+from notifyq.doctor import Health, examine, render
 from notifyq.errors import DatabaseUnavailable
 from notifyq.models import check_name
 from notifyq.settings import Settings
@@ -51,6 +53,18 @@ def stats(args: StatsArgs, settings: Settings) -> int:
     for line in queue_table(anyio.run(run), color=use_color()):
         print(line)
     return 0
+
+
+def doctor(args: DoctorArgs, settings: Settings) -> int:
+    """Prints each check of the database's health and what to do; 1 when one failed."""
+
+    async def run() -> Health:
+        async with _queue(settings) as q:
+            return await examine(q.store, horizon_warn_after=settings.horizon_warn_after)
+
+    health = anyio.run(run)
+    print(health.as_json() if args.json else "\n".join(render(health)))
+    return 1 if health.failed else 0
 
 
 def top(args: TopArgs, settings: Settings) -> int:

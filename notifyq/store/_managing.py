@@ -311,6 +311,22 @@ class Managing(Runner):
         }
         await self._all("configure_queue", params, scalar_row, what="configuring a queue")
 
+    async def table_tuples(self) -> list[dict[str, Any]]:
+        """Live and dead row versions of notifyq's busy tables (``table``, ``live``, ``dead``,
+        ``vacuumed_at``), from PostgreSQL's statistics."""
+        return await self._all("table_tuples", None, dict_row, what="reading table statistics")
+
+    async def listener_connections(self) -> list[dict[str, Any]]:
+        """The LISTEN connections of notifyq's processes on this database, with their state."""
+        return await self._all("listener_connections", None, dict_row, what="reading listeners")
+
+    async def health_overview(self) -> dict[str, Any]:
+        """Schema version, notification queue usage, autovacuum, expired leases, the
+        maintenance leader, workers, and grants that overstep (see the query)."""
+        row = await self._one("health_overview", None, dict_row, what="reading the health")
+        assert row is not None  # one row, always
+        return row
+
     async def list_tasks(self) -> list[dict[str, Any]]:
         """The registered tasks with their breaker state."""
         return await self._all("list_tasks", None, dict_row, what="listing tasks")

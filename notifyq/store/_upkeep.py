@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from psycopg.rows import kwargs_row
+from psycopg.rows import dict_row, kwargs_row
 
 from notifyq.models import JobStatus, Rescued
 from notifyq.store._runner import Runner
@@ -82,6 +83,12 @@ class Upkeep(Runner):
             what="enqueueing a periodic job",
         )
         return job_id
+
+    async def horizon_holders(self) -> list[dict[str, Any]]:
+        """The snapshots that hold the xmin horizon back, oldest first (at most 5): ``kind``
+        (session, replication slot, prepared transaction), ``holder`` (a pid, a slot's name,
+        a gid), ``age_seconds`` (None for a slot), ``xid_age`` and ``detail``."""
+        return await self._all("horizon_holders", None, dict_row, what="reading the horizon")
 
     async def database_now(self) -> datetime:
         """The database's clock."""

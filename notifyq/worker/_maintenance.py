@@ -1,15 +1,18 @@
 """A worker's upkeep besides rescue: retention of finished jobs (and their archive, when on),
-and queue depth for its own metrics port."""
+a warning when the xmin horizon is held back, and queue depth for its own metrics port."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
 
+from notifyq.doctor import describe_holder
 from notifyq.errors import NotifyQError
 from notifyq.metrics import Metrics
 from notifyq.models import JobStatus
@@ -17,13 +20,15 @@ from notifyq.settings import Settings
 from notifyq.worker._leadership import Leadership
 from notifyq.worker._store import WorkerStore
 
-__all__ = ["ARCHIVE_AHEAD_DAYS", "DEPTH_INTERVAL", "Archived", "DepthReport", "Retention",
-           "archive", "archive_keep", "prune"]  # fmt: skip
+__all__ = ["ARCHIVE_AHEAD_DAYS", "DEPTH_INTERVAL", "Archived", "DepthReport", "HorizonWatch",
+           "Retention", "archive", "archive_keep", "prune"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between readings of queue depth for a worker's own metrics port.
 DEPTH_INTERVAL = 10.0
+#: Seconds before the same holder of the horizon is named again in the log.
+HORIZON_REPEAT = 60.0
 #: Days after today whose archive partitions exist before any job can finish in them, so that a
 #: pass that runs across midnight (or a clock a little ahead) never meets a missing one.
 ARCHIVE_AHEAD_DAYS = 2
@@ -138,6 +143,47 @@ class Retention:
             except NotifyQError as exc:
                 logger.warning("retention failed: %s", exc)
             await anyio.sleep(self._settings.prune_interval)
+
+
+class HorizonWatch:
+    """Warns in the log when the oldest snapshot that holds the xmin horizon back is older
+    than NOTIFYQ_HORIZON_WARN_AFTER: dead rows pile up behind it and every claim steps over
+    them, and nothing else says so. Only the maintenance leader looks, every quarter of the
+    setting (from 0.25 to 30 s); a holder is named again only after a minute."""
+
+    def __init__(self, store: WorkerStore, settings: Settings, leadership: Leadership) -> None:
+        self._store = store
+        self._warn_after = settings.horizon_warn_after
+        self._leadership = leadership
+        self._interval = min(30.0, max(0.25, settings.horizon_warn_after / 4))
+        self._warned: dict[tuple[str, str], float] = {}
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Looks every interval while leading, until cancelled."""
+        task_status.started()
+        while True:
+            if self._leadership.leading:
+                try:
+                    self._judge(await self._store.horizon_holders())
+                except NotifyQError as exc:
+                    logger.debug("could not read the horizon: %s", exc)
+            await anyio.sleep(self._interval)
+
+    def _judge(self, holders: list[dict[str, Any]]) -> None:
+        now = time.monotonic()
+        for row in holders:
+            if (row["age_seconds"] or 0.0) <= self._warn_after:
+                continue
+            key = (row["kind"], row["holder"])
+            if now - self._warned.get(key, -HORIZON_REPEAT) < HORIZON_REPEAT:
+                continue
+            self._warned[key] = now
+            logger.warning(
+                "the xmin horizon is held back: %s; older than NOTIFYQ_HORIZON_WARN_AFTER=%gs, "
+                "so dead rows pile up and claims slow down (see `notifyq doctor`)",
+                describe_holder(row),
+                self._warn_after,
+            )
 
 
 class DepthReport:

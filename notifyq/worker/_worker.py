@@ -35,7 +35,7 @@ from notifyq.worker._floors import FloorRaiser
 from notifyq.worker._heartbeat import Heartbeat
 from notifyq.worker._leadership import Leadership
 from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
-from notifyq.worker._maintenance import DepthReport, Retention
+from notifyq.worker._maintenance import DepthReport, HorizonWatch, Retention
 from notifyq.worker._periodic import PeriodicEnqueuer
 from notifyq.worker._producer import IdleMark, Producer
 from notifyq.worker._progress import ProgressWriter
@@ -289,6 +289,7 @@ class Worker:
             ).run,
             Retention(store, s, lead).run,
             FloorRaiser(store, lead).run,
+            HorizonWatch(store, s, lead).run,
         ]  # fmt: skip
         if any(task.cron for task in self.registry):
             services.append(PeriodicEnqueuer(store, list(self.registry)).run)

@@ -33,6 +33,7 @@ from notifyq.api.deps import (
 )
 from notifyq.api.middleware import authenticated
 from notifyq.api.schemas import HealthOut, MinutesOut, ReadyOut, TaskOut, WorkerOut
+from notifyq.doctor import examine
 from notifyq.errors import DatabaseUnavailable, NotifyQError
 from notifyq.metrics import CONTENT_TYPE_LATEST
 from notifyq.migrations import latest_version
@@ -118,7 +119,9 @@ async def ready(store: StoreDep, supervisor: SupervisorDep) -> JSONResponse:
     response_class=PlainTextResponse,
     summary="Prometheus metrics (text format)",
 )
-async def prometheus(store: StoreDep, metrics: MetricsDep, scraping: ScrapeLockDep) -> Response:
+async def prometheus(
+    store: StoreDep, metrics: MetricsDep, scraping: ScrapeLockDep, settings: SettingsDep
+) -> Response:
     # One scrape at a time: concurrent ones would each render in a thread of their own.
     async with scraping:
         if time.monotonic() - metrics.depth_read_at > DEPTH_MAX_AGE:
@@ -126,6 +129,9 @@ async def prometheus(store: StoreDep, metrics: MetricsDep, scraping: ScrapeLockD
                 with anyio.fail_after(HEALTH_TIMEOUT):
                     metrics.know_tasks(row["name"] for row in await store.list_tasks())
                     metrics.set_depth(await store.queue_stats())
+                    # What `notifyq doctor` reads (the horizon, dead rows, listeners, ...).
+                    after = settings.horizon_warn_after
+                    metrics.set_health(await examine(store, horizon_warn_after=after))
         # Rendering takes CPU in proportion to the series; off the loop, other requests (and
         # the in-process worker) go on meanwhile.
         text = await anyio.to_thread.run_sync(metrics.render)
