@@ -326,7 +326,8 @@ SELECT notifyq.unwatch_v1(id, %(watcher)s) FROM pg_catalog.unnest(%(ids)b::uuid[
 
 -- Counts per queue. Live jobs are counted in the queue's table, failed and cancelled ones
 -- through their partial index, exactly; completed jobs can be millions, so above
--- %(exact_below)s finished jobs they are estimated from a block sample.
+-- %(exact_below)s finished jobs they are estimated from a block sample. A page: the queues
+-- named after %(after)s, %(limit)s of them (NULL: from the first, all).
 -- name: queue_stats
 WITH estimate AS (
     SELECT greatest(reltuples, 0)::bigint AS rows
@@ -389,7 +390,9 @@ LEFT JOIN recent AS r ON r.queue = n.queue
 LEFT JOIN completed_exact AS ce ON ce.queue = n.queue
 LEFT JOIN completed_sampled AS cs ON cs.queue = n.queue
 LEFT JOIN notifyq.queues AS q ON q.name = n.queue
-ORDER BY n.queue;
+WHERE %(after)s::text IS NULL OR n.queue > %(after)s::text
+ORDER BY n.queue
+LIMIT %(limit)s::bigint;
 
 -- Changes a queue's switches; NULL leaves one as it is, a rate limit or a max_depth of 0
 -- removes it. Resuming wakes the queue's workers.

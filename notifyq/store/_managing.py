@@ -284,11 +284,22 @@ class Managing(Runner):
             params["after"] = last
 
     async def queue_stats(
-        self, *, exact_below: int = 200_000, sample_percent: float = 2.0
+        self,
+        *,
+        exact_below: int = 200_000,
+        sample_percent: float = 2.0,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
         """Counts by status per queue (completed ones estimated on a large table), the oldest
-        due job's wait, last minute's throughput, and the queue's switches."""
-        params = {"exact_below": exact_below, "sample_percent": sample_percent}
+        due job's wait, last minute's throughput, and the queue's switches; by name, the
+        queues after ``after`` only and ``limit`` of them at most when given."""
+        params = {
+            "exact_below": exact_below,
+            "sample_percent": sample_percent,
+            "after": after,
+            "limit": limit,
+        }
         return await self._all("queue_stats", params, dict_row, what="counting jobs")
 
     async def configure_queue(

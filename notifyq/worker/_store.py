@@ -119,7 +119,12 @@ class WorkerStore(Protocol):
     async def prune_ticks(self) -> None: ...
 
     async def queue_stats(
-        self, *, exact_below: int = 200_000, sample_percent: float = 2.0
+        self,
+        *,
+        exact_below: int = 200_000,
+        sample_percent: float = 2.0,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]: ...
 
     async def enqueue_tick(self, task: str, tick: datetime, payload_json: str) -> UUID | None: ...

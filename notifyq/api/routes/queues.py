@@ -1,10 +1,15 @@
-"""The queue routes: counts by status, what holds each queue back, and the pause switch."""
+"""The queue routes: counts by status, what holds each queue back, and the pause switch.
+
+The two lists are pages by queue name: ``?limit=`` (QUEUE_PAGE by default, MAX_QUEUE_PAGE at
+most) and ``?after=<the last name of the page before>``; a full page carries a ``Link``
+header (``rel="next"``) to the next one."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlencode
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 from notifyq.api.deps import SettingsDep, StoreDep
@@ -15,23 +20,52 @@ from notifyq.store import Store
 
 router = APIRouter()
 
+#: Queues of a page by default: the queues that keep a label of their own in the metrics.
+QUEUE_PAGE = 500
+#: Most queues of a page.
+MAX_QUEUE_PAGE = 1000
+
+Limit = Annotated[int, Query(ge=1, le=MAX_QUEUE_PAGE, description="Most queues answered (a page).")]
+After = Annotated[
+    str | None,
+    Query(
+        max_length=200, description="The last queue of the page before: this page starts after it."
+    ),
+]
+
+
+def _next_page(request: Request, response: Response, names: list[str], limit: int) -> None:
+    """A full page names the next one in a Link header."""
+    if len(names) == limit:
+        query = urlencode({"after": names[-1], "limit": limit})
+        response.headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+
 
 @router.get(
     "/queues",
     response_model=list[QueueOut],
-    summary="Queues with their counts by status and last minute's throughput",
+    summary="Queues with their counts by status and last minute's throughput, a page of them",
 )
-async def list_queues(store: StoreDep) -> list[QueueOut]:
-    return [QueueOut(**row) for row in await store.queue_stats()]
+async def list_queues(
+    store: StoreDep, request: Request, response: Response, limit: Limit = QUEUE_PAGE,
+    after: After = None,
+) -> list[QueueOut]:  # fmt: skip
+    rows = await store.queue_stats(after=after, limit=limit)
+    _next_page(request, response, [row["queue"] for row in rows], limit)
+    return [QueueOut(**row) for row in rows]
 
 
 @router.get(
     "/queues/states",
     response_model=list[QueueStateOut],
-    summary="Whether each queue's due jobs move, and if not, why",
+    summary="Whether each queue's due jobs move, and if not, why, a page of them",
 )
-async def queue_states(store: StoreDep, settings: SettingsDep) -> list[QueueStateOut]:
-    stats = {row["queue"]: row for row in await store.queue_stats()}
+async def queue_states(
+    store: StoreDep, settings: SettingsDep, request: Request, response: Response,
+    limit: Limit = QUEUE_PAGE, after: After = None,
+) -> list[QueueStateOut]:  # fmt: skip
+    stats = {row["queue"]: row for row in await store.queue_stats(after=after, limit=limit)}
+    _next_page(request, response, list(stats), limit)
     conditions = {row["queue"]: row for row in await store.queue_conditions(list(stats))}
     return [
         _state(name, stats[name], conditions.get(name), settings.poll_interval) for name in stats
