@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
+import secrets
 import selectors
 import shutil
 import signal
@@ -576,6 +578,38 @@ def test_root_runs_the_server_as_the_service_account(base_dir: Path) -> None:
         assert pg.data_dir.stat().st_uid == server_uid
         assert Path("/root").stat().st_mode == home_mode  # root's home not loosened
     assert_stopped(pid, pg.data_dir)
+
+
+@pytest.mark.skipif(
+    not IS_ROOT or shutil.which("useradd") is None, reason="only root creates the account"
+)
+def test_root_says_which_account_it_creates_and_how_to_remove_it(
+    base_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    from notifyq.embedded import _account
+
+    name = f"nq-test-{secrets.token_hex(3)}"  # an account of this test's own, removed below
+    monkeypatch.setattr(_account, "SERVICE_ACCOUNT", name)
+    said: list[str] = []
+    try:
+        with EmbeddedPostgres(base_dir, on_progress=said.append) as pg:
+            assert pg.server_pid is not None
+        made = [line for line in said if "created the system account" in line]
+        assert len(made) == 1, said
+        assert f"{name} " in made[0] and str(base_dir) in made[0], made
+        removal = re.search(r"`(userdel [^`]+)`", made[0])
+        assert removal is not None and removal.group(1) == f"userdel {name}"
+        said.clear()
+        with EmbeddedPostgres(base_dir, on_progress=said.append):
+            pass  # the account is there: nothing to say about it
+        assert not any("created the system account" in line for line in said), said
+    finally:
+        # The removal the line names, as a user would run it.
+        subprocess.run(["userdel", name], capture_output=True, timeout=30, check=False)
+    with pytest.raises(KeyError):
+        pwd.getpwnam(name)
 
 
 # -- no login over the network without a password ----------------------------------------------

@@ -29,11 +29,17 @@ SERVICE_ACCOUNT = "notifyq-pg"
 
 @dataclass(frozen=True)
 class Account:
-    """A system account to run the server's programs as: its name (for messages) and ids."""
+    """A system account to run the server's programs as: its name (for messages) and ids, and
+    whether this process has just created it (and so must say so)."""
 
     name: str
     uid: int
     gid: int
+    created: bool = False
+
+    def removal(self) -> str:
+        """The command that removes the account, for the line that says it was made."""
+        return f"userdel {self.name}"
 
 
 def is_root() -> bool:
@@ -49,6 +55,7 @@ def service_account() -> Account:
         entry = pwd.getpwnam(SERVICE_ACCOUNT)
     except KeyError:
         entry = _create_service_account()
+        return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_name == SERVICE_ACCOUNT)
     return Account(entry.pw_name, entry.pw_uid, entry.pw_gid)
 
 

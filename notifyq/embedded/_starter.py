@@ -51,6 +51,14 @@ class Starter:
         self.binaries = binaries
         self.paths = paths
         self.progress = progress
+        if self.account is not None and self.account.created:
+            # A lasting change to the machine, made for the user: said, with its undoing.
+            progress(
+                f"created the system account {self.account.name} (no login, no home) to run "
+                "PostgreSQL, which refuses to run as root; it stays when notifyq stops. To "
+                f"remove it: `notifyq dev --reset` (or delete {paths.base_dir}), then "
+                f"`{self.account.removal()}`"
+            )
         #: The TCP port tried first when the server must listen on TCP (the one it last used).
         self.port = port
 
