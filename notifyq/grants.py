@@ -106,8 +106,19 @@ def statements(role: str, kind: Kind) -> list[sql.Composed]:
     return found
 
 
-def grant(settings: Settings, role: str, kind: Kind) -> None:
-    """Runs the :func:`statements` of ``kind`` for ``role``, all or none.
+def login_statement(role: str, password: str, *, exists: bool) -> sql.Composed:
+    """``CREATE ROLE`` (or, when it ``exists``, ``ALTER ROLE``) ``role`` able to log in with
+    ``password``. DDL takes no parameters: the password goes as a quoted literal."""
+    verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
+    return sql.SQL("{} {} LOGIN PASSWORD {}").format(
+        verb, sql.Identifier(role), sql.Literal(password)
+    )
+
+
+def grant(settings: Settings, role: str, kind: Kind, *, password: str | None = None) -> None:
+    """Runs the :func:`statements` of ``kind`` for ``role``, all or none; with ``password``,
+    first makes ``role`` a role that logs in with it (created when missing), as a deployment
+    that keeps its secrets in the environment needs (docker-compose.yml does).
 
     Raises :class:`~notifyq.errors.DatabaseUnavailable` when the database cannot be reached and
     :class:`~notifyq.errors.DatabaseError` when it refuses (the caller is not the owner of the
@@ -116,6 +127,11 @@ def grant(settings: Settings, role: str, kind: Kind) -> None:
     with connect_sync(settings, "notifyq-grant", statement_timeout=0) as conn:
         try:
             with conn.transaction():
+                if password is not None:
+                    found = conn.execute(
+                        "SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", [role]
+                    ).fetchone()
+                    conn.execute(login_statement(role, password, exists=found is not None))
                 for statement in statements(role, kind):
                     conn.execute(statement)
         except psycopg.Error as exc:

@@ -38,6 +38,8 @@ from notifyq.queries import sql_dir
 from tests.helpers import ROOT, Process, processes
 from tests.unit.test_compose import (
     COMPOSE,
+    PASSWORDS,
+    WORKER_ROLE,
     load_compose,
     seconds,
 )
@@ -267,26 +269,36 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
 
 @dataclass
 class Database:
-    """A role and database like the ``db`` service's, under names of this run's own."""
+    """A role and database like the ``db`` service's, and a name for the worker role that the
+    setup service makes, under names of this run's own (roles are global to the server)."""
 
     role: str
     password: str
     host: str
     port: int
 
+    @property
+    def worker(self) -> str:
+        return f"{self.role}_worker"
+
     def map_url(self, url: str) -> str:
-        """A compose DATABASE_URL (``postgresql://notifyq:notifyq@db:5432/notifyq``) pointed
-        at this role and database on the test server."""
+        """A compose DATABASE_URL (``postgresql://notifyq:...@db:5432/notifyq``, or
+        ``notifyq_worker``'s) pointed at this run's role and database on the test server."""
         parts = urlsplit(url)
         assert (parts.hostname, parts.port) == ("db", 5432), url
-        assert parts.password == self.password, url
-        netloc = f"{quote(self.role)}:{quote(self.password)}@{self.host}:{self.port}"
+        assert parts.password, url
+        user = {"notifyq": self.role, WORKER_ROLE: self.worker}[parts.username or ""]
+        netloc = f"{quote(user)}:{quote(parts.password)}@{self.host}:{self.port}"
         return urlunsplit(parts._replace(netloc=netloc, path=f"/{self.role}"))
+
+    def map_command(self, command: list[str]) -> list[str]:
+        """A service's command with the worker role's name mapped."""
+        return [part.replace(WORKER_ROLE, self.worker) for part in command]
 
 
 @pytest.fixture
 def database(server_url: str) -> Iterator[Database]:
-    db = load_compose({"NOTIFYQ_API_TOKEN": "x"})["services"]["db"]["environment"]
+    db = load_compose({"NOTIFYQ_API_TOKEN": "x", **PASSWORDS})["services"]["db"]["environment"]
     assert db["POSTGRES_USER"] == db["POSTGRES_DB"] == "notifyq"
     # The pid prefix lets the suite's stale-database sweep drop it after a killed run.
     name = f"nq_test_{os.getpid()}_compose_{secrets.token_hex(3)}"
@@ -313,7 +325,8 @@ def database(server_url: str) -> Iterator[Database]:
         admin.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+        for role in (f"{name}_worker", name):  # the setup service made the first
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
         admin.close()
 
 
@@ -359,19 +372,39 @@ def _start_api(
     port: int,
     host: str,
 ) -> Process:
-    """The api service: the image's CMD, with the port (and for the running stack the
-    address) mapped."""
-    command = image.dockerfile.cmd
-    assert "--host 0.0.0.0 --port 8000" in command[2]
-    script = command[2].replace("--host 0.0.0.0", f"--host {host}").replace("8000", str(port))
-    return start("api", env=env, argv=[*command[:2], script], cwd=image.workdir)
+    """The api service: its command, with the port (and for the running stack the address)
+    mapped."""
+    command = list(api["command"])
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert command[command.index("--port") + 1] == "8000"
+    command[command.index("--host") + 1] = host
+    command[command.index("--port") + 1] = str(port)
+    return start("api", env=env, argv=command, cwd=image.workdir)
+
+
+def _run_setup(
+    start: Callable[..., Process],
+    image: Image,
+    setup: dict[str, Any],
+    database: Database,
+    home: Path,
+) -> None:
+    """The setup service, run to its end: migrations, and the worker role made and granted."""
+    env = image.env(setup, home)
+    env["DATABASE_URL"] = database.map_url(env["DATABASE_URL"])
+    command = database.map_command(setup["command"])
+    process = start("setup", env=env, argv=command, cwd=image.workdir)
+    assert process.wait(timeout=120) == 0, process.output()
 
 
 @pytest.mark.slow  # the image fixture builds and installs a wheel (about 10 s)
 def test_the_api_without_a_token_stops_at_once_with_a_one_line_reason(
     image: Image, database: Database, tmp_path: Path
 ) -> None:
-    api = load_compose({"NOTIFYQ_API_TOKEN": "unused"})["services"]["api"]
+    services = load_compose({"NOTIFYQ_API_TOKEN": "unused", **PASSWORDS})["services"]
+    api = services["api"]
+    with processes(tmp_path) as start:
+        _run_setup(start, image, services["setup"], database, tmp_path)
     env = image.env(api, tmp_path)
     env["DATABASE_URL"] = database.map_url(env["DATABASE_URL"])
     del env["NOTIFYQ_API_TOKEN"]  # as if compose had not stopped first
@@ -396,8 +429,10 @@ def test_the_stack_serves_the_header_example_and_drains_its_workers(
     project.mkdir()
     make_env = header_command(r"^echo .*>> \.env")
     subprocess.run(["sh", "-c", make_env], cwd=project, check=True)
-    token = read_dotenv(project / ".env")["NOTIFYQ_API_TOKEN"]
-    assert re.fullmatch(r"[0-9a-f]{64}", token), token
+    secrets_made = read_dotenv(project / ".env")
+    token = secrets_made["NOTIFYQ_API_TOKEN"]
+    for name in ("NOTIFYQ_API_TOKEN", *PASSWORDS):
+        assert re.fullmatch(r"[0-9a-f]{64}", secrets_made[name]), name
     services = load_compose(read_dotenv(project / ".env"))["services"]
     api, worker = services["api"], services["worker"]
 
@@ -414,13 +449,19 @@ def test_the_stack_serves_the_header_example_and_drains_its_workers(
     # anyway. A free port stands for the container's 8000.
     port = free_port()
     with processes(tmp_path) as start:
+        _run_setup(start, image, services["setup"], database, tmp_path)
         api_env = image.env(api, tmp_path)
         api_env["DATABASE_URL"] = database.map_url(api_env["DATABASE_URL"])
         api_process = _start_api(start, image, api, api_env, port, "127.0.0.1")
         worker_env = image.env(worker, tmp_path)
         worker_env["DATABASE_URL"] = database.map_url(worker_env["DATABASE_URL"])
         workers = [
-            start("worker", env=worker_env, argv=worker["command"], cwd=image.workdir)
+            start(
+                "worker",
+                env=worker_env,
+                argv=database.map_command(worker["command"]),
+                cwd=image.workdir,
+            )
             for _ in range(worker["deploy"]["replicas"])
         ]
         base = f"http://127.0.0.1:{port}"
@@ -437,6 +478,18 @@ def test_the_stack_serves_the_header_example_and_drains_its_workers(
                 time.sleep(0.05)
             for process in workers:
                 process.wait_for_output("ready", timeout=30)
+            # The API and the workers connect as the worker role, which is no superuser.
+            owner_url = database.map_url(services["setup"]["environment"]["DATABASE_URL"])
+            with psycopg.connect(owner_url) as owner:
+                users = owner.execute(
+                    "SELECT DISTINCT usename FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name LIKE 'notifyq-%%'"
+                ).fetchall()
+                superuser = owner.execute(
+                    "SELECT rolsuper FROM pg_roles WHERE rolname = %s", [database.worker]
+                ).fetchone()
+            assert users == [(database.worker,)], users
+            assert superuser == (False,)
 
             # The api's healthcheck, run as written (inside the container) with the port mapped.
             api_check = api["healthcheck"]["test"]

@@ -9,6 +9,9 @@ the contract gives psql users. Roles are global to the server: each test makes i
 from __future__ import annotations
 
 import contextlib
+import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +24,7 @@ from notifyq.grants import Kind, statements
 from notifyq.migrations import load_migrations
 from notifyq.settings import Settings
 from notifyq.workflows import chain, step
+from tests.helpers import ROOT, notifyq_env
 from tests.test_privileges import as_role, role
 
 #: Every function of schema notifyq, and whether it runs as the schema's owner (SECURITY
@@ -198,3 +202,40 @@ async def test_no_job_joins_a_workflow_that_another_transaction_made(
         "SELECT count(*) FROM notifyq.jobs WHERE workflow_id = %s", [made.workflow_id]
     )
     assert await cursor.fetchone() == (2,)
+
+
+def test_grant_makes_a_login_role_with_the_password_of_a_variable(db_url: str) -> None:
+    # What docker-compose.yml's setup service runs: the role need not exist before.
+    name = f"nq_test_role_{secrets.token_hex(4)}"
+    env = notifyq_env(db_url, WORKER_PW="first-secret")
+    try:
+        for password in ("first-secret", "second-secret"):  # again: the password follows
+            env["WORKER_PW"] = password
+            done = subprocess.run(
+                [sys.executable, "-m", "notifyq", "grant", name, "--as", "worker",
+                 "--login-password-env", "WORKER_PW"],
+                env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert password not in done.stdout + done.stderr
+            with psycopg.connect(db_url) as admin:
+                row = admin.execute(
+                    "SELECT rolcanlogin, rolsuper, rolpassword IS NOT NULL FROM pg_authid "
+                    "WHERE rolname = %s",
+                    [name],
+                ).fetchone()
+            assert row == (True, False, True)
+        assert all(executable(db_url, name).values())
+        env["WORKER_PW"] = " "
+        refused = subprocess.run(
+            [sys.executable, "-m", "notifyq", "grant", name, "--as", "worker",
+             "--login-password-env", "WORKER_PW"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "WORKER_PW" in refused.stderr
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [name]).fetchone():
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))

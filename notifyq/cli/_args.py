@@ -236,6 +236,7 @@ class GrantArgs(Arguments):
     role: str
     kind: Kind
     print_only: bool
+    login_password_env: str | None
 
     def needs_database_url(self) -> bool:
         return not self.print_only  # printing the statements needs no database

@@ -331,6 +331,12 @@ def _role_commands(commands: _Commands) -> None:
         help="producer: enqueue and read jobs; worker: run workers and the API (no DDL)",
     )
     grant.add_argument(
+        "--login-password-env",
+        metavar="VARIABLE",
+        help="first make ROLE a role that logs in with the password in this environment "
+        "variable (created when missing, its password set when not)",
+    )
+    grant.add_argument(
         "--print",
         dest="print_only",
         action="store_true",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -15,6 +16,10 @@ from notifyq.settings import Settings
 from tests.helpers import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
+#: The secrets compose reads from .env, besides the token.
+PASSWORDS = {"POSTGRES_PASSWORD": "owner-pw", "NOTIFYQ_WORKER_PASSWORD": "worker-pw"}
+#: The role the API and the workers connect as (made by the setup service).
+WORKER_ROLE = "notifyq_worker"
 
 
 class ComposeError(Exception):
@@ -88,25 +93,41 @@ def seconds(duration: str) -> float:
 
 def test_compose_requires_a_token_and_publishes_on_loopback_only() -> None:
     with pytest.raises(ComposeError) as missing:
-        load_compose({})
+        load_compose(dict(PASSWORDS))
     message = str(missing.value)
     assert "required variable NOTIFYQ_API_TOKEN is missing a value" in message
     assert ".env next to docker-compose.yml" in message  # it says how to set one
     with pytest.raises(ComposeError):
-        load_compose({"NOTIFYQ_API_TOKEN": ""})  # :? refuses an empty value too
+        load_compose({"NOTIFYQ_API_TOKEN": "", **PASSWORDS})  # :? refuses an empty value too
 
-    services = load_compose({"NOTIFYQ_API_TOKEN": "t0ken"})["services"]
-    assert set(services) == {"db", "api", "worker"}
+    for secret in PASSWORDS:  # each role's password is required too, and said where to put
+        missing_one = {"NOTIFYQ_API_TOKEN": "t0ken", **PASSWORDS, secret: ""}
+        with pytest.raises(ComposeError, match=f"{secret} is missing a value") as missing:
+            load_compose(missing_one)
+        assert ".env next to docker-compose.yml" in str(missing.value)
+
+    services = load_compose({"NOTIFYQ_API_TOKEN": "t0ken", **PASSWORDS})["services"]
+    assert set(services) == {"db", "setup", "api", "worker"}
     published = [port for service in services.values() for port in service.get("ports", [])]
     assert published == ["127.0.0.1:8000:8000"]
-    api, worker = services["api"], services["worker"]
+    api, worker, setup = services["api"], services["worker"], services["setup"]
     # The api's own environment block merges the shared one rather than replacing it.
     assert api["environment"]["NOTIFYQ_API_TOKEN"] == "t0ken"
     assert api["environment"]["DATABASE_URL"] == worker["environment"]["DATABASE_URL"]
     assert "NOTIFYQ_API_TOKEN" not in worker["environment"]
     assert worker["deploy"]["replicas"] == 2
+    # Only the one-shot setup connects as the superuser; the API and the workers as the role
+    # it grants a worker's privileges, with a password of its own.
+    owner = urlsplit(setup["environment"]["DATABASE_URL"])
+    assert (owner.username, owner.password) == ("notifyq", "owner-pw")
+    assert setup["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert f"notifyq grant {WORKER_ROLE} --as worker" in setup["command"][2]
+    assert setup["restart"] == "no"
     for service in (api, worker):
-        assert service["depends_on"] == {"db": {"condition": "service_healthy"}}
+        url = urlsplit(service["environment"]["DATABASE_URL"])
+        assert (url.username, url.password) == (WORKER_ROLE, "worker-pw")
+        assert service["environment"]["NOTIFYQ_AUTO_MIGRATE"] == "false"
+        assert service["depends_on"] == {"setup": {"condition": "service_completed_successfully"}}
         # Workers drain within NOTIFYQ_SHUTDOWN_GRACE before Docker's SIGKILL, as the
         # comment says, only if the grace is shorter than the stop grace period.
         grace = float(service["environment"].get("NOTIFYQ_SHUTDOWN_GRACE", 25))
