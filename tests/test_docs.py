@@ -127,8 +127,9 @@ def test_the_queue_switches_run_as_printed(db_url: str, tmp_path: Path) -> None:
         run = run_cli(command, db_url, tmp_path)
         assert run.returncode == 0, run.stdout + run.stderr
     assert rows(
-        db_url, "SELECT name, paused, notify, rate_limit FROM notifyq.queues ORDER BY name"
-    ) == [("imports", False, False, None), ("mail", False, True, 5.0)]
+        db_url,
+        "SELECT name, paused, notify, rate_limit, max_depth FROM notifyq.queues ORDER BY name",
+    ) == [("imports", False, False, None, None), ("mail", False, True, 5.0, 10000)]
 
 
 def test_the_retries_example_runs_on_a_worker(db_url: str, tmp_path: Path) -> None:
