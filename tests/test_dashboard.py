@@ -420,6 +420,23 @@ def test_dashboard_shows_a_banner_while_the_database_is_away(
         expect(page.locator("#conn")).to_have_attribute("data-state", "live")
 
 
+def test_dashboard_shows_the_first_page_of_queues_and_says_so(
+    settings: Settings, page: Any, monkeypatch: Any
+) -> None:
+    # GET /queues answers 500 queues a page: the dashboard shows that page, and says it is one.
+    settings = settings.model_copy(update={"run_worker": False})
+    with psycopg.connect(settings.database_url or "", autocommit=True) as admin:
+        admin.execute(
+            "INSERT INTO notifyq.queues (name) SELECT format('q%s', lpad(n::text, 4, '0')) "
+            "FROM generate_series(1, 501) AS n"
+        )
+    with serve(dashboard_app(settings, monkeypatch)) as base:
+        page.goto(f"{base}/dashboard")
+        expect(page.locator("#queues-note")).to_contain_text("the first 500 queues by name")
+        expect(page.locator("#queues-body tr[data-queue]")).to_have_count(500)
+        expect(page.locator('#queues-body tr[data-queue="q0500"]')).to_have_count(1)
+
+
 #: The workflow of the next test: b runs until the test ends it; c and e wait for it.
 GROUP = "tenant <b>7</b>"  # user data: shown verbatim, never as markup
 WORKFLOW = [

@@ -11,10 +11,13 @@ import { state } from "./state.js";
 /** Queue states in which due jobs do not move at all until someone acts. */
 const STUCK_STATES = new Set(["paused", "unregistered", "breaker_open", "no_workers"]);
 const QUEUE_COLS = ["waiting", "queued", "due", "processing", "completed", "failed", "cancelled", "completed_last_minute", "oldest_due_seconds"];
+/** Queues the page asks for: GET /queues answers pages (500 by default); the first one is shown. */
+const QUEUE_PAGE = 500;
 
 export async function refreshQueues() {
   const sent = performance.now();
-  const [rows, states] = await Promise.all([api("GET", "queues"), api("GET", "queues/states").catch(() => null)]);
+  const page = { limit: QUEUE_PAGE };
+  const [rows, states] = await Promise.all([api("GET", "queues", page), api("GET", "queues/states", page).catch(() => null)]);
   const t = (sent + performance.now()) / 2; // about when the server counted
   state.queues = rows;
   if (Array.isArray(states)) state.queueStates = new Map(states.map((q) => [q.queue, q]));
@@ -123,7 +126,10 @@ function renderQueues(rows) {
   $("queues-empty").hidden = rows.length > 0;
   renderQueueTotals(rows);
   const estimated = rows.some((q) => q.completed_estimated);
-  setText($("queues-note"), estimated ? "~ completed counts are estimated on this large table" : "");
+  const notes = [];
+  if (rows.length >= QUEUE_PAGE) notes.push(`the first ${fmtInt(QUEUE_PAGE)} queues by name; the tiles count these only`);
+  if (estimated) notes.push("~ completed counts are estimated on this large table");
+  setText($("queues-note"), notes.join("; "));
 }
 
 function renderQueueTotals(rows) {
