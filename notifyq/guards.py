@@ -189,6 +189,11 @@ def guarded_protocol(
             self._read = 0
             super().on_message_complete()
 
+        def handle_websocket_upgrade(self) -> None:
+            # The connection becomes another protocol's: its timers must not close it later.
+            self._untime()
+            super().handle_websocket_upgrade()
+
         def _time(self, seconds: float, then: Callable[[], None]) -> None:
             self._untime()
             self._timer = self.loop.call_later(seconds, then)
