@@ -159,3 +159,27 @@ async def test_doctor_finds_stuck_leases_a_missing_leader_and_overstepping_grant
     grants = check(health, "grants")
     assert grants.status == "fail" and "notifyq.resign_v1(text,text)" in grants.summary
     assert check(health, "schema").status == "ok"
+
+
+async def test_doctor_finds_a_listener_that_stopped_receiving(
+    settings: Settings, db_url: str, monkeypatch: Any
+) -> None:
+    # A LISTEN connection inside a transaction gets no notification until it ends (and holds
+    # every other listener's back in the queue).
+    monkeypatch.setattr("notifyq.doctor.DEAF_AFTER", 0.1)
+    async with (
+        a_store(settings) as store,
+        await psycopg.AsyncConnection.connect(db_url, application_name="notifyq-listener") as deaf,
+    ):
+        await deaf.execute("LISTEN notifyq")
+        await deaf.commit()
+        health = await examine(store, horizon_warn_after=300)
+        assert check(health, "listeners").status == "ok"
+        await deaf.execute("SELECT 1")  # a transaction begins, and stays open
+        with anyio.fail_after(10):
+            while (listeners := check(health, "listeners")).status == "ok":
+                await anyio.sleep(0.05)
+                health = await examine(store, horizon_warn_after=300)
+        assert listeners.status == "fail" and f"pid {deaf.info.backend_pid}" in listeners.summary
+        assert health.deaf_listeners == 1
+        await deaf.rollback()
