@@ -403,7 +403,10 @@ def test_slow_heads_and_bodies_are_cut_off_within_their_timeouts(
     assert len(silent) == 20 and len(heads) == 50 and len(bodies) == 20
     # Each within its timeout and the slack of a busy machine, however often it sent a byte.
     assert max(seconds for seconds, _ in silent + heads) < 1 + 2, silent + heads
-    assert all(answer.startswith(b"HTTP/1.1 408 ") for _, answer in silent + heads)
+    # A silent client reads the 408; one that sent a byte after the close may get a reset
+    # instead, which drops the answer from its socket's buffer.
+    assert all(answer.startswith(b"HTTP/1.1 408 ") for _, answer in silent), silent
+    assert all(answer == b"" or answer.startswith(b"HTTP/1.1 408 ") for _, answer in heads)
     assert max(seconds for seconds, _ in bodies) < 1.5 + 2, bodies
     assert ok.status_code == 200
 
