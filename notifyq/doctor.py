@@ -70,6 +70,19 @@ class Health:
         """Transactions since the oldest snapshot anything holds (0: none)."""
         return max((row["xid_age"] or 0 for row in self.horizon), default=0)
 
+    def figures(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`notifyq.metrics.Metrics.set_health`."""
+        return {
+            "horizon_seconds": self.horizon_seconds,
+            "horizon_xid_age": self.horizon_xid_age,
+            "tables": self.tables,
+            "listeners": len(self.listeners),
+            "stopped_listeners": self.deaf_listeners,
+            "overview": self.overview,
+            "expected_version": self.expected_version,
+            "checks": [(check.name, check.status) for check in self.checks],
+        }
+
     def as_json(self) -> str:
         """The checks and their figures as one JSON document (``notifyq doctor --json``)."""
         return json.dumps(

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
-if TYPE_CHECKING:
-    from notifyq.doctor import Health
 
 __all__ = ["CONTENT_TYPE_LATEST", "MAX_QUEUES", "OTHER", "LabelBounds", "Metrics"]
 
@@ -215,25 +212,37 @@ class Metrics:
             registry=r,
         )
 
-    def set_health(self, health: Health) -> None:
-        """The gauges of :meth:`_health_families` from one :func:`notifyq.doctor.examine`."""
-        self.horizon_age.set(health.horizon_seconds)
-        self.horizon_xid_age.set(health.horizon_xid_age)
+    def set_health(
+        self,
+        *,
+        horizon_seconds: float,
+        horizon_xid_age: int,
+        tables: Iterable[dict[str, Any]],
+        listeners: int,
+        stopped_listeners: int,
+        overview: dict[str, Any],
+        expected_version: int,
+        checks: Iterable[tuple[str, str]],
+    ) -> None:
+        """The gauges of :meth:`_health_families`, from the figures of one
+        :func:`notifyq.doctor.examine` (``Health.figures()``): ``checks`` are (name, status)
+        pairs, a status ok, warn or fail."""
+        self.horizon_age.set(horizon_seconds)
+        self.horizon_xid_age.set(horizon_xid_age)
         self.table_rows.clear()
-        for row in health.tables:
+        for row in tables:
             self.table_rows.labels(row["table"], "live").set(row["live"])
             self.table_rows.labels(row["table"], "dead").set(row["dead"])
-        self.listeners.labels("receiving").set(len(health.listeners) - health.deaf_listeners)
-        self.listeners.labels("stopped").set(health.deaf_listeners)
-        overview = health.overview
+        self.listeners.labels("receiving").set(listeners - stopped_listeners)
+        self.listeners.labels("stopped").set(stopped_listeners)
         self.notify_queue_usage.set(float(overview["notification_queue_usage"] or 0.0))
         self.expired_leases.set(int(overview["expired_leases"]))
         self.leader.set(1 if overview["leader"] else 0)
         self.schema_version.labels("database").set(overview["schema_version"] or 0)
-        self.schema_version.labels("code").set(health.expected_version)
+        self.schema_version.labels("code").set(expected_version)
         levels = {"ok": 0, "warn": 1, "fail": 2}
-        for check in health.checks:
-            self.health_checks.labels(check.name).set(levels[check.status])
+        for name, status in checks:
+            self.health_checks.labels(name).set(levels[status])
 
     def _by_queue(self, family: _Family) -> _ByQueue[_Family]:
         return _ByQueue(family, self.bounds)

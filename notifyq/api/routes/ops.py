@@ -131,7 +131,8 @@ async def prometheus(
                     metrics.set_depth(await store.queue_stats())
                     # What `notifyq doctor` reads (the horizon, dead rows, listeners, ...).
                     after = settings.horizon_warn_after
-                    metrics.set_health(await examine(store, horizon_warn_after=after))
+                    health = await examine(store, horizon_warn_after=after)
+                    metrics.set_health(**health.figures())
         # Rendering takes CPU in proportion to the series; off the loop, other requests (and
         # the in-process worker) go on meanwhile.
         text = await anyio.to_thread.run_sync(metrics.render)
