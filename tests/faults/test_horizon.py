@@ -21,7 +21,8 @@ from tests.faults.cluster import Cluster
 from tests.faults.report import Figures
 from tests.helpers import notifyq_env, processes
 
-pytestmark = pytest.mark.slow
+# Longer than the suite's default per-test timeout: the scenario's own length is fixed.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 RATE = 1_000.0
 SECONDS = 60.0

@@ -25,7 +25,8 @@ from tests.faults.report import Figures
 from tests.helpers import Process, notifyq_env, processes
 from tests.sample_tasks import read_runs
 
-pytestmark = pytest.mark.slow
+# Longer than the suite's default per-test timeout: the scenario's own length is fixed.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 
 WORKERS = 2
 #: Seconds every part has to work again once the database is back.
