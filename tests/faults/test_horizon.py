@@ -30,6 +30,10 @@ SECONDS = 60.0
 MAX_BATCH = 50
 WINDOW_SHARE = 0.1
 GROWTH_TARGET = 3.0
+#: Pickup p99s below this count as this in the ratio: on a shared 2-core machine running other
+#: tests, scheduling alone moves a p99 of a few milliseconds by more than three times. The
+#: growth this guards against (the claim walking dead entries) reaches hundreds of ms.
+NOISE_FLOOR_MS = 20.0
 INSERT = (
     "INSERT INTO notifyq.jobs (task, payload, max_attempts) "
     "SELECT 'fault_stamp', jsonb_build_object('n', n), 1 FROM generate_series(%s::int, %s::int) n"
@@ -129,5 +133,5 @@ def test_a_pinned_horizon_at_1000_jobs_a_second_keeps_pickup_and_leaves_no_backl
     figures.report()
     assert still_pinned and still_pinned[0], "the horizon moved during the stream"
     assert figures.lost == 0 and figures.stuck == 0, figures.line()
-    assert last <= GROWTH_TARGET * first, figures.line()
+    assert max(last, NOISE_FLOOR_MS) <= GROWTH_TARGET * max(first, NOISE_FLOOR_MS), figures.line()
     assert backlog_at_end <= RATE, figures.line()  # at most one second of jobs
