@@ -130,6 +130,9 @@ def test_kill_9_every_3_s_for_a_minute_over_jobs_bad_rows_and_workflows(
         while time.monotonic() - began < KILLING_S:
             time.sleep(KILL_EVERY_S)  # the scenario's pace, not a wait for a condition
             victim = rng.randrange(len(workers))
+            # A bad row fails its job, never its worker: each victim was still running.
+            for worker in workers:
+                assert worker.popen.poll() is None, f"a worker died: {worker.output()[-3000:]}"
             workers[victim].signal(signal.SIGKILL)
             workers[victim].wait()
             killed[workers[victim].pid] = time.time()
