@@ -38,6 +38,7 @@ from notifyq.worker._telemetry import Telemetry
 __all__ = [
     "BREAKER_TICK",
     "LIMIT_TICK",
+    "MARK_RETRY",
     "MAX_CLAIM_BATCH",
     "STALE_CLAIM",
     "UNSURE_RECHECK",
@@ -59,6 +60,10 @@ UNSURE_RECHECK = 0.25
 #: renews leases every quarter lease, so a job started later than this might be rescued (and run
 #: by another worker) before its first renewal.
 STALE_CLAIM = 0.5
+#: While the worker's idle mark could not be written (the database away a moment, a pool still
+#: replacing its connections after a failover), claim and mark again this often: without the
+#: mark no insert wakes the worker, which would hear of new jobs only at its poll.
+MARK_RETRY = 1.0
 #: While some task or queue has a limit, claim this often: tokens refill and slots free up
 #: without notifications.
 LIMIT_TICK = 0.25
@@ -70,11 +75,13 @@ def sleep_for(
     next_due: float | None,
     probe_in: float | None,
     unsure: bool,
+    unmarked: bool,
     limited: bool,
 ) -> float:
     """How long an idle producer may sleep: until the fallback poll, the next known ``run_at``
     (``next_due`` seconds), the next breaker probe (``probe_in``), and at most UNSURE_RECHECK
-    while its idle mark is ``unsure`` and LIMIT_TICK while jobs are under a limit."""
+    while its idle mark is ``unsure``, MARK_RETRY while it is ``unmarked`` (writing it failed)
+    and LIMIT_TICK while jobs are under a limit."""
     timeout = poll_interval
     if next_due is not None:
         timeout = min(timeout, max(next_due, 0.0))
@@ -82,6 +89,8 @@ def sleep_for(
         timeout = min(timeout, max(probe_in, 0.0))
     if unsure:
         timeout = min(timeout, UNSURE_RECHECK)
+    if unmarked:
+        timeout = min(timeout, MARK_RETRY)
     if limited:
         timeout = min(timeout, LIMIT_TICK)
     return timeout
@@ -109,7 +118,9 @@ class IdleMark:
         try:
             sure = await self._store.mark_waiting(self._worker_id, self._queues, self._ttl)
         except NotifyQError as exc:
-            logger.warning("could not mark the worker idle (%s); polling", exc)
+            logger.warning(
+                "could not mark the worker idle (%s); trying again in %.0fs", exc, MARK_RETRY
+            )
             return False
         self.registered, self.sure = True, sure
         return sure
@@ -390,6 +401,8 @@ class Producer:
             next_due=None if due_at is None else due_at - time.monotonic(),
             probe_in=self._next_probe - time.monotonic() if self._guarded else None,
             unsure=self._idle.registered and not self._idle.sure,
+            # It marks itself before every sleep: not registered now, the mark failed.
+            unmarked=not self._idle.registered,
             limited=self._limits_exist,
         )
         self._signals.asleep.fire()

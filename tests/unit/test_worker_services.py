@@ -24,7 +24,14 @@ from notifyq.models import ClaimedJob, ClaimRequest, Failure, Held, JobStatus, S
 from notifyq.tasks import Registry, make_task
 from notifyq.worker._heartbeat import Heartbeat
 from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
-from notifyq.worker._producer import LIMIT_TICK, UNSURE_RECHECK, IdleMark, Producer, sleep_for
+from notifyq.worker._producer import (
+    LIMIT_TICK,
+    MARK_RETRY,
+    UNSURE_RECHECK,
+    IdleMark,
+    Producer,
+    sleep_for,
+)
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._telemetry import Telemetry
 from notifyq.worker._writer import OutcomeWriter
@@ -49,6 +56,7 @@ class FakeStore:
         self.refuse: set[UUID] = set()
         self.unavailable = 0
         self.keep: set[UUID] | None = None  # the ids beat() answers as still held
+        self.mark_failures = 0  # how many of the next mark_waiting calls fail
 
     def _maybe_down(self) -> None:
         if self.unavailable:
@@ -61,6 +69,9 @@ class FakeStore:
 
     async def mark_waiting(self, worker_id: str, queues: Any, ttl: float) -> bool:
         self.calls.append(("mark_waiting", None))
+        if self.mark_failures:
+            self.mark_failures -= 1
+            raise DatabaseUnavailable("the database is away")
         return True
 
     async def unmark_waiting(self, worker_id: str) -> None:
@@ -124,7 +135,15 @@ class FakeStore:
 
 def test_an_idle_producer_sleeps_until_the_poll_when_nothing_else_is_due() -> None:
     assert (
-        sleep_for(poll_interval=5, next_due=None, probe_in=None, unsure=False, limited=False) == 5
+        sleep_for(
+            poll_interval=5,
+            next_due=None,
+            probe_in=None,
+            unsure=False,
+            unmarked=False,
+            limited=False,
+        )
+        == 5
     )
 
 
@@ -136,6 +155,8 @@ def test_an_idle_producer_sleeps_until_the_poll_when_nothing_else_is_due() -> No
         ({"probe_in": 0.4}, 0.4),
         ({"next_due": 2.0, "probe_in": 0.7}, 0.7),
         ({"unsure": True}, UNSURE_RECHECK),
+        ({"unmarked": True}, MARK_RETRY),
+        ({"unmarked": True, "next_due": 0.2}, 0.2),
         ({"limited": True}, LIMIT_TICK),
         ({"next_due": 0.01, "limited": True}, 0.01),
     ],
@@ -148,6 +169,7 @@ def test_the_producer_sleeps_until_the_first_thing_that_may_be_due(
         "next_due": None,
         "probe_in": None,
         "unsure": False,
+        "unmarked": False,
         "limited": False,
     }
     assert sleep_for(**(args | kwargs)) == pytest.approx(expected)
@@ -236,6 +258,22 @@ async def test_a_producer_that_found_nothing_marks_itself_idle_and_claims_once_m
         "seconds_to_next_job",
         "claim",
     ]
+
+
+async def test_a_producer_whose_idle_mark_failed_marks_again_soon_not_at_its_poll() -> None:
+    # Unmarked, it is woken by no insert: a failed mark (the database away a moment, a pool
+    # still replacing connections after a failover) left it deaf until its poll, 30 s here.
+    store = FakeStore()
+    store.mark_failures = 1
+    ledger = Ledger(concurrency=2)
+    made, _ = producer(store, ledger)
+    with anyio.fail_after(MARK_RETRY + 3):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(made.run)
+            await made._signals.asleep.reached(2)
+            ledger.stop()
+    assert [name for name, _ in store.calls].count("mark_waiting") == 2
+    assert made._idle.registered
 
 
 async def test_the_claim_a_producer_sleeps_after_comes_after_its_look_for_the_next_run_at() -> None:
