@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -104,15 +105,20 @@ def test_a_promoted_synchronous_standby_keeps_every_acknowledged_job(tmp_path: P
             finally:
                 stop.set()
                 loader.join(60)
-            deadline = time.monotonic() + 60
-            while not set(accepted) <= {n for n, _ in read_runs(runs)}:
-                assert time.monotonic() < deadline, worker.output()[-3000:]
-                time.sleep(0.05)
+            # The worker idle: nothing queued, and what is left of the accepted jobs unchanged
+            # for a second. A claim whose answer the failover cut off is committed (the standby
+            # is synchronous) but unknown to the worker: that job stays `processing` until its
+            # lease runs out and the rescue requeues it, after the LISTEN probe below.
+            _wait_idle(standby, runs, accepted, worker)
             # The LISTEN connection follows: with the load stopped and the worker idle, a job
             # runs within a second of its insert only if a notification on the new primary
             # woke it (a busy worker claims its next jobs as it writes its last ones). An upper
             # bound: it counts from the promotion, through the load's last second and drain.
             figures.recovery_s["LISTEN"] = _listen_back(url, runs, promoted_at[0])
+            deadline = time.monotonic() + 90  # a lease (30 s) and the rescue's next pass
+            while not set(accepted) <= {n for n, _ in read_runs(runs)}:
+                assert time.monotonic() < deadline, worker.output()[-3000:]
+                time.sleep(0.05)
             completed = standby.sql(
                 "SELECT (payload->>'n')::int FROM notifyq.jobs WHERE status = 'completed'"
             )
@@ -145,6 +151,23 @@ def test_a_promoted_synchronous_standby_keeps_every_acknowledged_job(tmp_path: P
     assert api_back, "the API never took a job after the promotion"
     late = {part: s for part, s in figures.recovery_s.items() if s > TARGET_S}
     assert not late, f"{figures.line()}\n{log}"
+
+
+def _wait_idle(standby: Any, runs: Path, accepted: list[int], worker: Any) -> None:
+    """Waits until no job is queued and the accepted jobs not run yet stay the same for a
+    second (at most 60 s)."""
+    deadline = time.monotonic() + 60
+    missing: set[int] | None = None
+    steady_since = time.monotonic()
+    while True:
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        now_missing = set(accepted) - {n for n, _ in read_runs(runs)}
+        if now_missing != missing:
+            missing, steady_since = now_missing, time.monotonic()
+        queued = standby.sql("SELECT count(*) FROM ONLY notifyq.jobs WHERE status = 'queued'")
+        if not missing or (queued[0][0] == 0 and time.monotonic() - steady_since >= 1):
+            return
+        time.sleep(0.05)
 
 
 def _listen_back(url: str, runs: Path, since: float) -> float:
