@@ -42,7 +42,7 @@ PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "ded
 #: Tables whose rows a worker (or the API) reads and writes.
 WORKER_TABLES = (
     "jobs", "jobs_done", "claim_floors", "tasks", "queues", "periodic_ticks", "waiting_workers",
-    "watched_jobs", "minute_stats",
+    "watched_jobs", "minute_stats", "job_steps", "job_signals",
 )  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")

@@ -96,6 +96,10 @@ class Metrics:
             "notifyq_jobs_snoozed",
             "Attempts whose handler raised Snooze: back to the queue for later, not counted.",
         )
+        self.suspended = by_queue(
+            "notifyq_jobs_suspended",
+            "Attempts that suspended their job (ctx.sleep, ctx.wait_for_signal): slot given back.",
+        )
         self.pickup = self._by_queue(
             Histogram(
                 "notifyq_pickup_latency_seconds",

@@ -82,14 +82,15 @@ FROM notifyq.enqueue_many_v5(
     %(trace_context)s::jsonb, %(refs)b::text[])
 ORDER BY ord
 
--- A job by its id, live, finished or archived (notifyq.job_v1, sql/022: the read a producer,
--- which may not read the tables, is granted).
+-- A job by its id, live, finished or archived, with what a suspended job waits for and its steps
+-- (sql/023) in the order they finished (notifyq.job_v2: the read a producer, which may not read
+-- the tables, is granted).
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
-       archived
-FROM notifyq.job_v1(%(id)s::uuid);
+       archived, suspended_until, waiting_for_signal, step_names, step_times
+FROM notifyq.job_v2(%(id)s::uuid);
 
 -- See notifyq.claim_v4 (sql/007): with the results of the jobs each depends on, and the trace
 -- context each was enqueued in.
@@ -857,3 +858,24 @@ SELECT (SELECT max(version) FROM notifyq.migrations) AS schema_version,
                AND r.grantee <> 0 AND r.grantee <> c.relowner
                AND NOT pg_catalog.has_table_privilege(r.grantee, c.oid, 'UPDATE')
              ORDER BY 1) AS job_readers;
+
+-- -- Durable jobs (sql/023) -------------------------------------------------------------------
+
+-- A job's recorded steps and marks, the signals sent to it, and the database's time (see
+-- notifyq.durable_state_v1).
+-- name: durable_state
+SELECT kind, name, value FROM notifyq.durable_state_v1(%(job_id)s)
+
+-- Stores a step's result, fenced by the claim (see notifyq.record_step_v1).
+-- name: record_step
+SELECT notifyq.record_step_v1(%(worker_id)s, %(job_id)s, %(claim)s, %(name)s, %(result)s::jsonb)
+
+-- Suspends jobs their worker holds (see notifyq.suspend_v1); answers each with its status.
+-- name: suspend_jobs
+SELECT id, status FROM notifyq.suspend_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                         %(delays)b::float8[], %(signals)b::text[],
+                                         %(marks)b::text[], %(kinds)b::text[])
+
+-- Sends a signal to a job (see notifyq.signal_v1): sent, duplicate, unknown, final or too_many.
+-- name: signal_job
+SELECT notifyq.signal_v1(%(job_id)s, %(name)s, %(payload)s::jsonb)
