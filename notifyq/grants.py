@@ -60,6 +60,10 @@ PRODUCER_FUNCTIONS = (
     "enqueue_many_v5(text[], jsonb[], text[], integer[], timestamptz[], float8[], text[], "
     "integer[], integer, text[], text[], uuid[], uuid[], jsonb, text[])",
     "job_v1(uuid)",
+    # sql/023: a job's read with its steps, and sending a signal (a producer's act).
+    "job_v2(uuid)",
+    "signal(uuid, text, jsonb)",
+    "signal_v1(uuid, text, jsonb)",
     "watch_v1(uuid, text, float8)",
     "refresh_watches_v1(text, uuid[], float8)",
     "unwatch_v1(uuid, text)",

@@ -548,9 +548,10 @@ BEGIN
     RETURN v_outcome = 'sent';
 END;
 $$;
--- Producers send signals: the definer writes for them, and only through this.
+-- Producers send signals (psql users notifyq.signal, Queue.signal signal_v1): the definer
+-- writes for them, only what a signal writes. `notifyq grant` grants both to each role too.
 GRANT EXECUTE ON FUNCTION notifyq.signal(uuid, text, jsonb) TO PUBLIC;
-REVOKE EXECUTE ON FUNCTION notifyq.signal_v1(uuid, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION notifyq.signal_v1(uuid, text, jsonb) TO PUBLIC;
 
 -- A job by its id (job_v1, sql/022) with what a suspended job waits for and the names and
 -- times of its steps in the order they finished: the read GET /jobs/{id}, Queue.get and a

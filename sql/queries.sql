@@ -339,6 +339,9 @@ WITH estimate AS (
            count(*) FILTER (WHERE status = 'queued') AS queued,
            count(*) FILTER (WHERE status = 'queued' AND run_at <= now()) AS due,
            count(*) FILTER (WHERE status = 'processing') AS processing,
+           count(*) FILTER (WHERE status = 'suspended') AS suspended,
+           count(*) FILTER (WHERE status = 'suspended' AND waiting_for_signal IS NOT NULL)
+               AS waiting_for_signal,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'queued'
                                                            AND run_at <= now()))::float8
                AS oldest_due_seconds
@@ -375,7 +378,8 @@ WITH estimate AS (
 )
 SELECT n.queue,
        coalesce(l.waiting, 0) AS waiting, coalesce(l.queued, 0) AS queued, coalesce(l.due, 0) AS due,
-       coalesce(l.processing, 0) AS processing,
+       coalesce(l.processing, 0) AS processing, coalesce(l.suspended, 0) AS suspended,
+       coalesce(l.waiting_for_signal, 0) AS waiting_for_signal,
        coalesce(ce.completed, cs.completed, 0) AS completed,
        coalesce(d.failed, 0) AS failed, coalesce(d.cancelled, 0) AS cancelled,
        (SELECT rows FROM estimate) >= %(exact_below)s AS completed_estimated,

@@ -335,6 +335,17 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
                 await conn.execute(
                     "SELECT * FROM notifyq.claim_v4('me', ARRAY['echo'], NULL, 10, 30, false)"
                 )
+            # A producer sends signals (sql/023), through notifyq.signal only.
+            cursor = await conn.execute(
+                "SELECT notifyq.signal(id, 'approved', '{\"k\": 1}'::jsonb) FROM notifyq.jobs"
+                " WHERE dedup_key = 'k'"
+            )
+            assert await cursor.fetchall() == [(True,)]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute(
+                    "INSERT INTO notifyq.job_signals (job_id, name) SELECT id, 'x' FROM"
+                    " notifyq.jobs WHERE dedup_key = 'k'"
+                )
         async with Queue(settings=settings.model_copy(update={"database_url": url})) as q:
             one = await q.enqueue("echo", {"n": 1})
             many = await q.enqueue_many(
@@ -347,6 +358,7 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
             await q.enqueue_workflow(chain(step("echo"), step("echo")))
             with pytest.raises(TimeoutError):
                 await q.wait(one.job_id, timeout=0.5)
+            assert await q.signal(one.job_id, "approved") is True
     with psycopg.connect(db_url) as admin:
         row = admin.execute("SELECT count(*) FROM notifyq.jobs").fetchone()
     assert row is not None and row[0] == 1 + 1 + 1 + 301 + 1 + 2

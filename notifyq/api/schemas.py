@@ -318,6 +318,12 @@ class QueueOut(BaseModel):
     queued: int = Field(description="Queued, due or not.")
     due: int = Field(description="Queued and due now.")
     processing: int
+    suspended: int = Field(
+        default=0, description="Suspended durable jobs (a sleep or a signal wait): no slot held."
+    )
+    waiting_for_signal: int = Field(
+        default=0, description="Of the suspended jobs, those waiting for a signal."
+    )
     completed: int
     completed_estimated: bool = Field(description="Counted from a sample on a large table.")
     failed: int

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from notifyq.api.deps import StoreDep
+from notifyq.api.deps import MetricsDep, StoreDep
 from notifyq.api.errors import NOT_FOUND, not_found
 from notifyq.api.paging import decode_cursor, encode_cursor
 from notifyq.api.schemas import (
@@ -198,6 +198,7 @@ async def signal_job(
     job_id: UUID,
     name: Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH)],
     store: StoreDep,
+    metrics: MetricsDep,
     body: Annotated[SignalIn | None, Body()] = None,
 ) -> JSONResponse:
     """The first signal of a name wins; a job suspended waiting for it runs again at once."""
@@ -212,6 +213,7 @@ async def signal_job(
         detail = f"job {job_id} has received {MAX_SIGNALS_PER_JOB} signals, the most one job may"
         return JSONResponse({"detail": detail}, status_code=409)
     duplicate = outcome == "duplicate"
+    metrics.signals.labels("duplicate" if duplicate else "sent").inc()
     answer = SignalOut(job_id=job_id, name=name, duplicate=duplicate)
     return JSONResponse(answer.model_dump(mode="json"), status_code=200 if duplicate else 202)
 
