@@ -206,10 +206,12 @@ ORDER BY name;
 -- name: list_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
+       suspended_until, waiting_for_signal
 FROM (
     SELECT * FROM ONLY notifyq.jobs
-    WHERE (%(status)s::text IS NULL OR %(status)s::text IN ('waiting', 'queued', 'processing'))
+    WHERE (%(status)s::text IS NULL
+           OR %(status)s::text IN ('waiting', 'queued', 'processing', 'suspended'))
     UNION ALL
     SELECT * FROM notifyq.jobs_done
     WHERE (%(status)s::text IS NULL OR %(status)s::text IN ('completed', 'failed', 'cancelled'))
@@ -487,7 +489,7 @@ WITH scanned AS MATERIALIZED (
     FROM (
         SELECT * FROM ONLY notifyq.jobs
         WHERE (%(status)s::text IS NULL
-               OR %(status)s::text IN ('waiting', 'queued', 'processing'))
+               OR %(status)s::text IN ('waiting', 'queued', 'processing', 'suspended'))
         UNION ALL
         SELECT * FROM notifyq.jobs_done
         WHERE (%(status)s::text IS NULL
@@ -510,7 +512,8 @@ WITH scanned AS MATERIALIZED (
 SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attempt_count,
        j.max_attempts, j.dedup_key, j.result, j.last_error, j.errors, j.created_at, j.started_at,
        j.finished_at, j.worker_id, j.lease_expires_at, j.cancel_requested_at, j.depends_on,
-       j.group_key, j.workflow_id, j.progress, j.ref, e.scanned, e.last_created, e.last_id
+       j.group_key, j.workflow_id, j.progress, j.ref, j.suspended_until, j.waiting_for_signal,
+       e.scanned, e.last_created, e.last_id
 FROM extent AS e
 LEFT JOIN (hits JOIN notifyq.jobs AS j USING (id)) ON true
 ORDER BY j.id DESC;
