@@ -24,6 +24,7 @@ from notifyq.builtins import worker_registry
 from notifyq.errors import InvalidJob, JobNotFound
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task
+from notifyq.worker import archive
 from tests.helpers import (
     ROOT,
     job_row,
@@ -389,6 +390,87 @@ async def test_signals_from_sql_and_sync_queue_and_their_refusals(
     # A repeat of one it got is still a duplicate once it has ended (a webhook's retry).
     cursor = await conn.execute("SELECT notifyq.signal(%s, 'a')", [result.job_id])
     assert (await cursor.fetchone())[0] is False
+
+
+async def test_a_signal_that_commits_while_the_job_suspends_is_not_lost(
+    settings: Settings, conn: Any
+) -> None:
+    # The handler has read its (empty) signals, and the signal commits before its suspension is
+    # written: the suspension finds the signal and puts the job back in the queue at once.
+    read = anyio.Event()
+    go_on = anyio.Event()
+    runs = 0
+
+    async def racy(payload: dict[str, Any], ctx: JobContext) -> Any:
+        nonlocal runs
+        runs += 1
+        await ctx.step("first", lambda: 1)  # reads the job's record: no signal yet
+        if runs == 1:
+            read.set()
+            await go_on.wait()
+        return await ctx.wait_for_signal("late")
+
+    slow_poll = settings.model_copy(update={"poll_interval": 60})
+    async with Queue(settings.database_url) as q, running_worker(slow_poll, registry(racy=racy)):
+        result = await q.enqueue("racy", {})
+        await read.wait()
+        assert await q.signal(result.job_id, "late", {"n": 7}) is True
+        go_on.set()
+        job = await q.wait(result.job_id, timeout=10)
+    assert job.status is JobStatus.COMPLETED and job.result == {"n": 7} and runs == 2
+
+
+async def test_suspended_jobs_are_listed_by_status_with_what_they_wait_for(
+    settings: Settings, conn: Any
+) -> None:
+    async def sleepy(payload: dict[str, Any], ctx: JobContext) -> None:
+        await ctx.sleep(3600)
+
+    async with (
+        api(settings) as client,
+        Queue(settings.database_url) as q,
+        running_worker(settings, registry(sleepy=sleepy)),
+    ):
+        result = await q.enqueue("sleepy", {})
+        await q.enqueue("echo", {})
+        await wait_for_status(conn, result.job_id, "suspended")
+        page = (await client.get("/jobs", params={"status": "suspended"})).json()
+        assert [job["job_id"] for job in page["jobs"]] == [str(result.job_id)]
+        assert page["jobs"][0]["suspended_until"] is not None
+        assert page["jobs"][0]["waiting_for_signal"] is None
+        found = await client.get("/jobs", params={"status": "suspended", "payload": "{}"})
+        assert [job["job_id"] for job in found.json()["jobs"]] == [str(result.job_id)]
+
+
+async def test_the_archive_moves_a_finished_durable_job_without_its_steps(
+    settings: Settings, conn: Any
+) -> None:
+    async def durable(payload: dict[str, Any], ctx: JobContext) -> None:
+        await ctx.step("s", lambda: 1)
+        if payload.get("wait"):
+            await ctx.wait_for_signal("never")
+
+    archiving = settings.model_copy(update={"archive_after": 3600.0})
+    async with (
+        Queue(settings.database_url) as q,
+        running_worker(settings, registry(durable=durable)),
+    ):
+        waiting = await q.enqueue("durable", {"wait": True})
+        done = await q.enqueue("durable", {})
+        await q.wait(done.job_id, timeout=10)
+        await wait_for_status(conn, waiting.job_id, "suspended")
+        await conn.execute(
+            "UPDATE notifyq.jobs SET created_at = now() - interval '1 day',"
+            " started_at = now() - interval '1 day'"
+        )
+        await conn.execute("UPDATE notifyq.jobs_done SET finished_at = now() - interval '1 day'")
+        moved = await archive(q.store, archiving)
+        assert moved.moved == 1
+        archived = await q.get(done.job_id)
+        assert archived is not None and archived.archived and archived.steps == []
+        assert (await job_row(conn, waiting.job_id) or {})["status"] == "suspended"
+    cursor = await conn.execute("SELECT job_id, kind FROM notifyq.job_steps ORDER BY kind", [])
+    assert await cursor.fetchall() == [(waiting.job_id, "step"), (waiting.job_id, "wait")]
 
 
 async def _waiting_for(conn: Any, job_id: Any, name: str) -> bool:
