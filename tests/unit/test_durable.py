@@ -80,7 +80,7 @@ async def test_step_results_must_be_json_and_bounded() -> None:
 
 @pytest.mark.parametrize("name", ["", "x" * 201, 7, "a\x00b"])
 async def test_step_names_are_1_to_200_characters_without_nul(name: Any) -> None:
-    with pytest.raises(ValueError, match="1 to 200|NUL"):
+    with pytest.raises(ValueError, match=r"1 to 200|NUL"):
         await context(Record()).step(name, lambda: 1)
 
 
