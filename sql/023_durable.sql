@@ -387,8 +387,8 @@ $$;
 -- from now (NULL: no time), waiting for signal p_signals[i] (or none), its mark p_marks[i]
 -- (kind p_kinds[i]: 'sleep' or 'wait') written with the time it is due. The attempt is given
 -- back, as a snooze does. A job whose signal committed while this waited for its row (a signal
--- locks the row first) goes back to the queue at once, and so does one due already. Answers
--- each job written with its status.
+-- locks the row first) goes back to the queue at once, and so does one due already; one whose
+-- cancel was asked while it ran ends cancelled. Answers each job written with its status.
 CREATE FUNCTION notifyq.suspend_v1(
     p_worker_id text,
     p_ids uuid[],
@@ -406,6 +406,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_ids uuid[];
+    v_doomed record;
     v_woken record;
 BEGIN
     WITH suspended AS (
@@ -434,6 +435,24 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
+    -- A cancel asked while the handler ran (and its worker had not stopped it yet) reaches the
+    -- job here: it ends cancelled, as a suspended job that is cancelled does.
+    WITH doomed AS (
+        UPDATE ONLY notifyq.jobs AS j
+        SET finished_at = now(), suspended_until = NULL, waiting_for_signal = NULL,
+            last_error = 'cancelled while suspended'
+        WHERE j.id = ANY(v_ids) AND j.cancel_requested_at IS NOT NULL
+        RETURNING j.id, j.queue, j.group_key
+    )
+    SELECT array_agg(d.id) AS ids, array_agg(d.queue) AS queues,
+           array_agg(d.group_key) AS group_keys
+    INTO v_doomed FROM doomed AS d;
+    IF v_doomed.ids IS NOT NULL THEN
+        PERFORM notifyq.end_jobs_v1(v_doomed.ids,
+                                    array_fill('cancelled'::text,
+                                               ARRAY[cardinality(v_doomed.ids)]));
+        PERFORM notifyq.settle_v1(v_doomed.ids, v_doomed.queues, v_doomed.group_keys);
+    END IF;
     WITH woken AS (
         UPDATE ONLY notifyq.jobs AS j
         SET status = 'queued', run_at = now(), suspended_until = NULL, waiting_for_signal = NULL
@@ -452,7 +471,7 @@ BEGIN
         PERFORM notifyq.wake_v1(v_woken.queues);
     END IF;
     PERFORM notifyq.announce_v1(v_ids);
-    RETURN QUERY SELECT j.id, j.status FROM ONLY notifyq.jobs AS j WHERE j.id = ANY(v_ids);
+    RETURN QUERY SELECT j.id, j.status FROM notifyq.jobs AS j WHERE j.id = ANY(v_ids);
 END;
 $$;
 

@@ -2405,6 +2405,7 @@ CREATE FUNCTION notifyq.suspend_v1(p_worker_id text, p_ids uuid[], p_claims inte
 #variable_conflict use_column
 DECLARE
     v_ids uuid[];
+    v_doomed record;
     v_woken record;
 BEGIN
     WITH suspended AS (
@@ -2433,6 +2434,24 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
+    -- A cancel asked while the handler ran (and its worker had not stopped it yet) reaches the
+    -- job here: it ends cancelled, as a suspended job that is cancelled does.
+    WITH doomed AS (
+        UPDATE ONLY notifyq.jobs AS j
+        SET finished_at = now(), suspended_until = NULL, waiting_for_signal = NULL,
+            last_error = 'cancelled while suspended'
+        WHERE j.id = ANY(v_ids) AND j.cancel_requested_at IS NOT NULL
+        RETURNING j.id, j.queue, j.group_key
+    )
+    SELECT array_agg(d.id) AS ids, array_agg(d.queue) AS queues,
+           array_agg(d.group_key) AS group_keys
+    INTO v_doomed FROM doomed AS d;
+    IF v_doomed.ids IS NOT NULL THEN
+        PERFORM notifyq.end_jobs_v1(v_doomed.ids,
+                                    array_fill('cancelled'::text,
+                                               ARRAY[cardinality(v_doomed.ids)]));
+        PERFORM notifyq.settle_v1(v_doomed.ids, v_doomed.queues, v_doomed.group_keys);
+    END IF;
     WITH woken AS (
         UPDATE ONLY notifyq.jobs AS j
         SET status = 'queued', run_at = now(), suspended_until = NULL, waiting_for_signal = NULL
@@ -2451,7 +2470,7 @@ BEGIN
         PERFORM notifyq.wake_v1(v_woken.queues);
     END IF;
     PERFORM notifyq.announce_v1(v_ids);
-    RETURN QUERY SELECT j.id, j.status FROM ONLY notifyq.jobs AS j WHERE j.id = ANY(v_ids);
+    RETURN QUERY SELECT j.id, j.status FROM notifyq.jobs AS j WHERE j.id = ANY(v_ids);
 END;
 $$;
 

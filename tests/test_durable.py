@@ -676,3 +676,30 @@ def test_the_durable_jobs_page_example_runs_as_printed(db_url: str, tmp_path: Pa
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0, worker.output()
     assert result == ({"account": {"account": "ann"}, "survey": {"score": 9}},)
+
+
+async def test_a_cancel_asked_while_the_handler_ran_reaches_it_when_it_suspends(
+    settings: Settings, conn: Any
+) -> None:
+    asked = anyio.Event()
+    go_on = anyio.Event()
+
+    async def wait(payload: dict[str, Any], ctx: JobContext) -> Any:
+        asked.set()
+        await go_on.wait()
+        return await ctx.wait_for_signal("never")
+
+    async with Queue(settings.database_url) as q, running_worker(settings, registry(wait=wait)):
+        parent = await q.enqueue("wait", {})
+        child = await q.enqueue("echo", {}, depends_on=[parent.job_id])
+        await asked.wait()
+        # Asked as the API asks, but without the notification that stops a handler at once: the
+        # handler goes on to suspend its job, and the suspension ends it cancelled.
+        await conn.execute(
+            "UPDATE notifyq.jobs SET cancel_requested_at = now() WHERE id = %s", [parent.job_id]
+        )
+        go_on.set()
+        job = await q.wait(parent.job_id, timeout=10)
+        dependent = await q.wait(child.job_id, timeout=10)
+    assert job.status is JobStatus.CANCELLED and job.last_error == "cancelled while suspended"
+    assert dependent.status is JobStatus.CANCELLED
