@@ -725,3 +725,42 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- -- Who may do what ---------------------------------------------------------------------------
+
+-- The worker's functions are the worker's (`notifyq grant ROLE --as worker` grants them).
+REVOKE EXECUTE ON FUNCTION notifyq.durable_state_v1(uuid) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION notifyq.record_step_v1(text, uuid, integer, text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION notifyq.suspend_v1(text, uuid[], integer[], float8[], text[], text[],
+                                               text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION notifyq.forget_durable_v1() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION notifyq.job_v2(uuid) FROM PUBLIC;
+
+-- Roles granted before this version (notifyq grant) keep working: a worker role (it may update
+-- jobs) gets the new tables and functions, a producer role (it may insert jobs) the read of a
+-- job that shows its steps (job_v2; a producer reads jobs only through these, sql/022).
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT a.rolname, has_table_privilege(a.oid, 'notifyq.jobs', 'UPDATE') AS worker
+        FROM pg_roles AS a
+        WHERE NOT a.rolsuper AND a.rolname !~ '^pg_'
+          AND a.oid <> (SELECT c.relowner FROM pg_class AS c
+                        WHERE c.oid = 'notifyq.jobs'::regclass)
+          AND has_any_column_privilege(a.oid, 'notifyq.jobs', 'INSERT')
+    LOOP
+        IF r.worker THEN
+            EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON notifyq.job_steps, '
+                           'notifyq.job_signals TO %I', r.rolname);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION notifyq.durable_state_v1(uuid), '
+                           'notifyq.record_step_v1(text, uuid, integer, text, jsonb), '
+                           'notifyq.suspend_v1(text, uuid[], integer[], float8[], text[], '
+                           'text[], text[]) TO %I', r.rolname);
+        ELSE
+            EXECUTE format('GRANT EXECUTE ON FUNCTION notifyq.job_v2(uuid) TO %I', r.rolname);
+        END IF;
+    END LOOP;
+END;
+$$;

@@ -241,8 +241,8 @@ async def test_a_sleep_suspends_the_job_and_frees_its_slot_then_resumes_from_the
         return "woke"
 
     one = settings.model_copy(update={"concurrency": 1})
-    async with Queue(settings.database_url) as q, running_worker(one, registry(nap=nap)):
-        sleeper = await q.enqueue("nap", {"seconds": 1.0})
+    async with Queue(settings.database_url) as q, running_worker(one, registry(durable_nap=nap)):
+        sleeper = await q.enqueue("durable_nap", {"seconds": 1.0})
         row = await wait_for_status(conn, sleeper.job_id, "suspended")
         assert row["worker_id"] is None and row["lease_expires_at"] is None
         assert row["suspended_until"] is not None and row["waiting_for_signal"] is None

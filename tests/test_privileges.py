@@ -26,6 +26,8 @@ from psycopg import sql
 from notifyq.api import create_app
 from notifyq.builtins import worker_registry
 from notifyq.client import Queue
+from notifyq.migrations import _apply_missing
+from notifyq.queries import load_migrations
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task
 from notifyq.workflows import chain, step
@@ -405,3 +407,39 @@ def test_a_stale_schema_without_auto_migrate_is_one_line_naming_the_fix(
         assert done.returncode == 1, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
         assert "notifyq migrate" in done.stderr
+
+
+async def test_roles_granted_before_version_23_keep_working_after_it(empty_db_url: str) -> None:
+    # Migrated to version 21 and granted then (as `notifyq grant` of that version did); then
+    # version 23 (durable jobs) gives each its share of the new tables and functions.
+    older = [m for m in load_migrations() if m.version < 23]
+    async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
+        await _apply_missing(conn, older, lambda _: None)
+        with role(empty_db_url) as worker, role(empty_db_url) as producer:
+            w, p = sql.Identifier(worker), sql.Identifier(producer)
+            await conn.execute(sql.SQL("GRANT USAGE ON SCHEMA notifyq TO {}, {}").format(w, p))
+            await conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON notifyq.jobs TO {}").format(w)
+            )
+            await conn.execute(
+                sql.SQL("GRANT INSERT (task, payload) ON notifyq.jobs TO {}").format(p)
+            )
+            await conn.execute(sql.SQL("GRANT SELECT ON notifyq.jobs TO {}").format(p))
+            assert [m.version for m in await _apply_missing(conn, load_migrations(), str)] == [23]
+            cursor = await conn.execute(
+                """SELECT has_table_privilege(%(w)s, 'notifyq.job_steps', 'INSERT'),
+                          has_table_privilege(%(w)s, 'notifyq.job_signals', 'SELECT'),
+                          has_function_privilege(%(w)s, 'notifyq.suspend_v1(text, uuid[],
+                              integer[], float8[], text[], text[], text[])', 'EXECUTE'),
+                          has_function_privilege(%(w)s, 'notifyq.record_step_v1(text, uuid,
+                              integer, text, jsonb)', 'EXECUTE'),
+                          has_table_privilege(%(p)s, 'notifyq.job_steps', 'SELECT'),
+                          has_table_privilege(%(p)s, 'notifyq.job_steps', 'INSERT'),
+                          has_function_privilege(%(p)s, 'notifyq.suspend_v1(text, uuid[],
+                              integer[], float8[], text[], text[], text[])', 'EXECUTE'),
+                          has_function_privilege(%(p)s, 'notifyq.signal(uuid, text, jsonb)',
+                                                 'EXECUTE')""",
+                {"w": worker, "p": producer},
+            )
+            assert await cursor.fetchone() == (True, True, True, True, True, False, False, True)
+            await conn.execute(sql.SQL("DROP OWNED BY {}, {}").format(w, p))
