@@ -1266,6 +1266,20 @@ CREATE FUNCTION notifyq.job_v1(p_id uuid) RETURNS TABLE(id uuid, task text, queu
     LIMIT 1;
 $$;
 
+CREATE FUNCTION notifyq.job_v2(p_id uuid) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, status text, priority integer, run_at timestamp with time zone, attempt_count integer, max_attempts integer, dedup_key text, result jsonb, last_error text, errors jsonb, created_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone, worker_id text, lease_expires_at timestamp with time zone, cancel_requested_at timestamp with time zone, depends_on uuid[], group_key text, workflow_id uuid, progress jsonb, ref text, archived boolean, suspended_until timestamp with time zone, waiting_for_signal text, step_names text[], step_times timestamp with time zone[])
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT v.*, j.suspended_until, j.waiting_for_signal, s.names, s.times
+    FROM notifyq.job_v1(p_id) AS v
+    LEFT JOIN ONLY notifyq.jobs AS j ON j.id = v.id
+    CROSS JOIN LATERAL (
+        SELECT array_agg(k.name ORDER BY k.finished_at, k.name) AS names,
+               array_agg(k.finished_at ORDER BY k.finished_at, k.name) AS times
+        FROM notifyq.job_steps AS k
+        WHERE k.job_id = v.id AND k.kind = 'step') AS s;
+$$;
+
 CREATE FUNCTION notifyq.join_workflow_v1() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
