@@ -567,10 +567,11 @@ BEGIN
     RETURN v_outcome = 'sent';
 END;
 $$;
--- Producers send signals (psql users notifyq.signal, Queue.signal signal_v1): the definer
--- writes for them, only what a signal writes. `notifyq grant` grants both to each role too.
+-- psql users send signals (the contract's function, as notifyq.enqueue is: PUBLIC's); the
+-- definer writes for them, only what a signal writes. Queue.signal calls signal_v1, which
+-- `notifyq grant` gives producers and workers.
 GRANT EXECUTE ON FUNCTION notifyq.signal(uuid, text, jsonb) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION notifyq.signal_v1(uuid, text, jsonb) TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION notifyq.signal_v1(uuid, text, jsonb) FROM PUBLIC;
 
 -- A job by its id (job_v1, sql/022) with what a suspended job waits for and the names and
 -- times of its steps in the order they finished: the read GET /jobs/{id}, Queue.get and a
@@ -758,8 +759,11 @@ BEGIN
                            'notifyq.record_step_v1(text, uuid, integer, text, jsonb), '
                            'notifyq.suspend_v1(text, uuid[], integer[], float8[], text[], '
                            'text[], text[]) TO %I', r.rolname);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION notifyq.job_v2(uuid), '
+                           'notifyq.signal_v1(uuid, text, jsonb) TO %I', r.rolname);
         ELSE
-            EXECUTE format('GRANT EXECUTE ON FUNCTION notifyq.job_v2(uuid) TO %I', r.rolname);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION notifyq.job_v2(uuid), '
+                           'notifyq.signal_v1(uuid, text, jsonb) TO %I', r.rolname);
         END IF;
     END LOOP;
 END;
