@@ -42,6 +42,8 @@ __all__ = [
     "Queue",
     "QueueFull",
     "Settings",
+    "SignalRefused",
+    "SignalTimeout",
     "Snooze",
     "SyncQueue",
     "TaskError",
@@ -71,6 +73,8 @@ if TYPE_CHECKING:
         NotifyQError,
         PermanentFailure,
         QueueFull,
+        SignalRefused,
+        SignalTimeout,
         Snooze,
         TaskError,
     )

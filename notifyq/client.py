@@ -21,7 +21,7 @@ from notifyq.bootstrap import require_database
 from notifyq.db import connect_kwargs, listen_url, open_pool
 from notifyq.errors import JobNotFound, NotifyQError
 from notifyq.jobspec import JobOptions, JobSpec
-from notifyq.models import EnqueueResult, Job, job_id_of
+from notifyq.models import EnqueueResult, Job, job_id_of, signal_payload_json, signal_sent
 from notifyq.notifier import JOB_CHANNEL, Listener
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import Store
@@ -153,6 +153,18 @@ class Queue:
     async def get(self, job_id: UUID | str) -> Job | None:
         """The job, or None when no job has that id."""
         return await self.store.get_job(job_id_of(job_id))
+
+    async def signal(
+        self, job_id: UUID | str, name: str, payload: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Sends signal ``name`` with ``payload`` (a JSON object; None: ``{}``) to a job, for
+        its ``ctx.wait_for_signal(name)``: a job suspended waiting for it runs again as soon as
+        this commits. True when sent; False when a signal of that name came first (the first
+        wins, this changes nothing). Raises JobNotFound for an unknown job, SignalRefused for
+        one that has ended, InvalidJob for a bad name or payload."""
+        job_uuid = job_id_of(job_id)
+        payload_json = signal_payload_json(name, payload)
+        return signal_sent(job_uuid, await self.store.signal_job(job_uuid, name, payload_json))
 
     async def wait(self, job_id: UUID | str, *, timeout: float = 30.0) -> Job:  # noqa: ASYNC109
         """Waits until the job is completed, failed or cancelled and answers it. Woken by a

@@ -102,6 +102,35 @@ class Snooze(NotifyQError):
         self.seconds = float(seconds)
 
 
+class SignalTimeout(PermanentFailure, TimeoutError):
+    """Raised by ``ctx.wait_for_signal(name, timeout=...)`` when no signal of that name came
+    within ``timeout`` seconds. Left uncaught, it fails the job at once (every retry would time
+    out again: the wait's deadline is recorded with the job)."""
+
+    def __init__(self, name: str, timeout: float | None = None) -> None:
+        after = f" within {timeout:g}s" if timeout is not None else ""
+        super().__init__(f"no signal {name!r} came{after}")
+        self.name = name
+        self.timeout = timeout
+
+
+class InvalidStepResult(PermanentFailure, ValueError):
+    """Raised by ``ctx.step`` when its function's result cannot be stored: not JSON-encodable,
+    or larger than :data:`notifyq.context.MAX_STEP_RESULT_BYTES`. It fails the job at once (the
+    step would give the same result again)."""
+
+
+class LeaseLost(NotifyQError):
+    """Raised by ``ctx.step`` when the worker no longer holds the job (its lease ran out and
+    the job was requeued, or it was cancelled): the step's result is refused, and the attempt
+    stops there; the worker that holds the job now runs it."""
+
+
+class SignalRefused(NotifyQError):
+    """Raised by ``Queue.signal`` and ``SyncQueue.signal`` when the job has ended (no signal can
+    reach it) or has received the most signals it may; :class:`JobNotFound` for an unknown job."""
+
+
 def describe(exc: BaseException) -> str:
     """``Type: first line of the message`` of ``exc``, looking inside exception groups of one
     (a task group wraps the error of the task that failed), for one-line reports."""

@@ -42,7 +42,7 @@ PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "ded
 #: Tables whose rows a worker (or the API) reads and writes.
 WORKER_TABLES = (
     "jobs", "jobs_done", "claim_floors", "tasks", "queues", "periodic_ticks", "waiting_workers",
-    "watched_jobs", "minute_stats",
+    "watched_jobs", "minute_stats", "job_steps", "job_signals",
 )  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")
@@ -60,6 +60,10 @@ PRODUCER_FUNCTIONS = (
     "enqueue_many_v5(text[], jsonb[], text[], integer[], timestamptz[], float8[], text[], "
     "integer[], integer, text[], text[], uuid[], uuid[], jsonb, text[])",
     "job_v1(uuid)",
+    # sql/023: a job's read with its steps, and sending a signal (a producer's act).
+    "job_v2(uuid)",
+    "signal(uuid, text, jsonb)",
+    "signal_v1(uuid, text, jsonb)",
     "watch_v1(uuid, text, float8)",
     "refresh_watches_v1(text, uuid[], float8)",
     "unwatch_v1(uuid, text)",

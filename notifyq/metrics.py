@@ -96,6 +96,17 @@ class Metrics:
             "notifyq_jobs_snoozed",
             "Attempts whose handler raised Snooze: back to the queue for later, not counted.",
         )
+        self.signals = Counter(
+            "notifyq_signals",
+            "Signals sent to jobs through this process's API, by whether they were the first "
+            "of their name (sent) or a duplicate.",
+            ("outcome",),
+            registry=r,
+        )
+        self.suspended = by_queue(
+            "notifyq_jobs_suspended",
+            "Attempts that suspended their job (ctx.sleep, ctx.wait_for_signal): slot given back.",
+        )
         self.pickup = self._by_queue(
             Histogram(
                 "notifyq_pickup_latency_seconds",
@@ -278,7 +289,17 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-_DEPTH_STATUSES = ("waiting", "queued", "due", "processing", "completed", "failed", "cancelled")
+_DEPTH_STATUSES = (
+    "waiting",
+    "queued",
+    "due",
+    "processing",
+    "suspended",
+    "waiting_for_signal",
+    "completed",
+    "failed",
+    "cancelled",
+)
 
 
 class LabelBounds:

@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
-from notifyq.errors import InvalidJob
+from notifyq.errors import InvalidJob, JobNotFound, SignalRefused
 
 #: Bounds of what one job may say; past them PostgreSQL would refuse the row, or worse.
 MAX_NAME_LENGTH = 200
@@ -33,11 +33,13 @@ MAX_GROUP_KEY_LENGTH = 512
 
 class JobStatus(str, Enum):
     """Where a job is in its life: waiting (for the jobs it depends on) → queued → processing
-    → completed | failed (or cancelled)."""
+    (⇄ suspended: a durable job's sleep or signal wait, holding no slot) → completed | failed
+    (or cancelled)."""
 
     WAITING = "waiting"
     QUEUED = "queued"
     PROCESSING = "processing"
+    SUSPENDED = "suspended"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -85,11 +87,21 @@ class Job:
     archived: bool = False
     #: Its name in its workflow (the ``ref`` it was submitted with); None outside a workflow.
     ref: str | None = None
+    #: A suspended job: when it is due again (None: only when its signal comes).
+    suspended_until: datetime | None = None
+    #: A suspended job: the signal it waits for.
+    waiting_for_signal: str | None = None
+    #: Its recorded steps (``ctx.step``), in the order they finished: (name, finished_at).
+    steps: list[tuple[str, datetime]] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
         """A job from a ``dict_row`` of the jobs table."""
         values = dict(row)
+        names = values.pop("step_names", None)
+        times = values.pop("step_times", None)
+        if names and times:
+            values["steps"] = list(zip(names, times, strict=False))
         values["status"] = JobStatus(values["status"])
         if not isinstance(values.get("errors"), list):
             values["errors"] = []  # a stored value that could not be decoded
@@ -396,6 +408,22 @@ class Snoozed:
 
 
 @dataclass(frozen=True, slots=True)
+class Suspended:
+    """An attempt whose handler suspended its job (``ctx.sleep``, ``ctx.wait_for_signal``):
+    ``delay`` seconds from now it is due again (None: only when signal ``signal`` comes); its
+    ``mark`` of kind ``kind`` (``sleep`` or ``wait``) records the time, so that the same call
+    returns at once when the job runs again. The attempt is not counted."""
+
+    job_id: UUID
+    claim: int
+    delay: float | None
+    signal: str | None
+    mark: str
+    kind: str
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """A running job's progress report, as a worker writes it."""
 
@@ -413,6 +441,7 @@ class OutcomeKind(str, Enum):
     RELEASED = "released"
     CANCELLED = "cancelled"
     SNOOZED = "snoozed"
+    SUSPENDED = "suspended"
 
     def __str__(self) -> str:
         return self.value
@@ -472,3 +501,40 @@ class TaskRegistration:
     breaker_cooldown: float
     max_concurrency: int | None
     rate_limit: float | None
+
+
+#: Largest payload of a signal, as JSON (the database's bound too).
+MAX_SIGNAL_PAYLOAD_BYTES = 64 * 1024
+#: Most signal names one job may receive.
+MAX_SIGNALS_PER_JOB = 100
+
+
+def signal_payload_json(name: object, payload: Any) -> str:
+    """A signal's payload as JSON text, after checking the signal: ``name`` 1 to 200
+    characters, ``payload`` a JSON object (None: ``{}``) of 64 KiB at most; InvalidJob if not."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_LENGTH or "\x00" in name:
+        raise InvalidJob(f"a signal's name must be a string of 1 to {MAX_NAME_LENGTH} characters")
+    if payload is None:
+        return "{}"
+    if not isinstance(payload, Mapping):
+        raise InvalidJob("a signal's payload must be a JSON object")
+    text = encode_json(payload, what="the signal's payload")
+    if len(text.encode()) > MAX_SIGNAL_PAYLOAD_BYTES:
+        raise InvalidJob(f"a signal's payload is {MAX_SIGNAL_PAYLOAD_BYTES} bytes at most as JSON")
+    return text
+
+
+def signal_sent(job_id: UUID, outcome: str) -> bool:
+    """What sending a signal answers (True: sent; False: a signal of that name came first), or
+    the error of an ``outcome`` of notifyq.signal_v1 that is not one."""
+    if outcome == "sent":
+        return True
+    if outcome == "duplicate":
+        return False
+    if outcome == "unknown":
+        raise JobNotFound(f"no job with id {job_id}")
+    if outcome == "final":
+        raise SignalRefused(f"job {job_id} has ended: no signal can reach it")
+    raise SignalRefused(
+        f"job {job_id} has received {MAX_SIGNALS_PER_JOB} signals, the most one job may"
+    )

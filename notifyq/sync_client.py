@@ -34,7 +34,7 @@ from notifyq.db import (
     open_sync_pool,
 )
 from notifyq.jobspec import JobOptions, JobSpec
-from notifyq.models import EnqueueResult, Job, job_id_of
+from notifyq.models import EnqueueResult, Job, job_id_of, signal_payload_json, signal_sent
 from notifyq.settings import Settings, explicit_max_attempts
 from notifyq.store import SyncStore
 from notifyq.tracing import tracing
@@ -156,6 +156,15 @@ class SyncQueue:
     def get(self, job_id: UUID | str) -> Job | None:
         """The job, or None when no job has that id."""
         return self._opened().get_job(job_id_of(job_id))
+
+    def signal(
+        self, job_id: UUID | str, name: str, payload: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Sends signal ``name`` to a job, as :meth:`notifyq.Queue.signal` does: True when
+        sent, False when a signal of that name came first."""
+        job_uuid = job_id_of(job_id)
+        payload_json = signal_payload_json(name, payload)
+        return signal_sent(job_uuid, self._opened().signal_job(job_uuid, name, payload_json))
 
     def wait(self, job_id: UUID | str, *, timeout: float = 30.0) -> Job:
         """Blocks until the job is completed, failed or cancelled and answers it, as

@@ -82,14 +82,15 @@ FROM notifyq.enqueue_many_v5(
     %(trace_context)s::jsonb, %(refs)b::text[])
 ORDER BY ord
 
--- A job by its id, live, finished or archived (notifyq.job_v1, sql/022: the read a producer,
--- which may not read the tables, is granted).
+-- A job by its id, live, finished or archived, with what a suspended job waits for and its steps
+-- (sql/023) in the order they finished (notifyq.job_v2: the read a producer, which may not read
+-- the tables, is granted).
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
-       archived
-FROM notifyq.job_v1(%(id)s::uuid);
+       archived, suspended_until, waiting_for_signal, step_names, step_times
+FROM notifyq.job_v2(%(id)s::uuid);
 
 -- See notifyq.claim_v4 (sql/007): with the results of the jobs each depends on, and the trace
 -- context each was enqueued in.
@@ -205,10 +206,12 @@ ORDER BY name;
 -- name: list_jobs
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
-       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref
+       lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
+       suspended_until, waiting_for_signal
 FROM (
     SELECT * FROM ONLY notifyq.jobs
-    WHERE (%(status)s::text IS NULL OR %(status)s::text IN ('waiting', 'queued', 'processing'))
+    WHERE (%(status)s::text IS NULL
+           OR %(status)s::text IN ('waiting', 'queued', 'processing', 'suspended'))
     UNION ALL
     SELECT * FROM notifyq.jobs_done
     WHERE (%(status)s::text IS NULL OR %(status)s::text IN ('completed', 'failed', 'cancelled'))
@@ -338,6 +341,9 @@ WITH estimate AS (
            count(*) FILTER (WHERE status = 'queued') AS queued,
            count(*) FILTER (WHERE status = 'queued' AND run_at <= now()) AS due,
            count(*) FILTER (WHERE status = 'processing') AS processing,
+           count(*) FILTER (WHERE status = 'suspended') AS suspended,
+           count(*) FILTER (WHERE status = 'suspended' AND waiting_for_signal IS NOT NULL)
+               AS waiting_for_signal,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'queued'
                                                            AND run_at <= now()))::float8
                AS oldest_due_seconds
@@ -374,7 +380,8 @@ WITH estimate AS (
 )
 SELECT n.queue,
        coalesce(l.waiting, 0) AS waiting, coalesce(l.queued, 0) AS queued, coalesce(l.due, 0) AS due,
-       coalesce(l.processing, 0) AS processing,
+       coalesce(l.processing, 0) AS processing, coalesce(l.suspended, 0) AS suspended,
+       coalesce(l.waiting_for_signal, 0) AS waiting_for_signal,
        coalesce(ce.completed, cs.completed, 0) AS completed,
        coalesce(d.failed, 0) AS failed, coalesce(d.cancelled, 0) AS cancelled,
        (SELECT rows FROM estimate) >= %(exact_below)s AS completed_estimated,
@@ -482,7 +489,7 @@ WITH scanned AS MATERIALIZED (
     FROM (
         SELECT * FROM ONLY notifyq.jobs
         WHERE (%(status)s::text IS NULL
-               OR %(status)s::text IN ('waiting', 'queued', 'processing'))
+               OR %(status)s::text IN ('waiting', 'queued', 'processing', 'suspended'))
         UNION ALL
         SELECT * FROM notifyq.jobs_done
         WHERE (%(status)s::text IS NULL
@@ -505,7 +512,8 @@ WITH scanned AS MATERIALIZED (
 SELECT j.id, j.task, j.queue, j.payload, j.status, j.priority, j.run_at, j.attempt_count,
        j.max_attempts, j.dedup_key, j.result, j.last_error, j.errors, j.created_at, j.started_at,
        j.finished_at, j.worker_id, j.lease_expires_at, j.cancel_requested_at, j.depends_on,
-       j.group_key, j.workflow_id, j.progress, j.ref, e.scanned, e.last_created, e.last_id
+       j.group_key, j.workflow_id, j.progress, j.ref, j.suspended_until, j.waiting_for_signal,
+       e.scanned, e.last_created, e.last_id
 FROM extent AS e
 LEFT JOIN (hits JOIN notifyq.jobs AS j USING (id)) ON true
 ORDER BY j.id DESC;
@@ -857,3 +865,24 @@ SELECT (SELECT max(version) FROM notifyq.migrations) AS schema_version,
                AND r.grantee <> 0 AND r.grantee <> c.relowner
                AND NOT pg_catalog.has_table_privilege(r.grantee, c.oid, 'UPDATE')
              ORDER BY 1) AS job_readers;
+
+-- -- Durable jobs (sql/023) -------------------------------------------------------------------
+
+-- A job's recorded steps and marks, the signals sent to it, and the database's time (see
+-- notifyq.durable_state_v1).
+-- name: durable_state
+SELECT kind, name, value FROM notifyq.durable_state_v1(%(job_id)s)
+
+-- Stores a step's result, fenced by the claim (see notifyq.record_step_v1).
+-- name: record_step
+SELECT notifyq.record_step_v1(%(worker_id)s, %(job_id)s, %(claim)s, %(name)s, %(result)s::jsonb)
+
+-- Suspends jobs their worker holds (see notifyq.suspend_v1); answers each with its status.
+-- name: suspend_jobs
+SELECT id, status FROM notifyq.suspend_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::integer[],
+                                         %(delays)b::float8[], %(signals)b::text[],
+                                         %(marks)b::text[], %(kinds)b::text[])
+
+-- Sends a signal to a job (see notifyq.signal_v1): sent, duplicate, unknown, final or too_many.
+-- name: signal_job
+SELECT notifyq.signal_v1(%(job_id)s, %(name)s, %(payload)s::jsonb)

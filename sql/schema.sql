@@ -116,7 +116,7 @@ BEGIN
         NEW.group_blocked := EXISTS (
             SELECT 1 FROM ONLY notifyq.jobs AS g
             WHERE g.queue = NEW.queue AND g.group_key = NEW.group_key
-              AND g.status IN ('waiting', 'queued', 'processing'));
+              AND g.status IN ('waiting', 'queued', 'processing', 'suspended'));
     END IF;
     RETURN NEW;
 END;
@@ -149,7 +149,8 @@ BEGIN
         FROM groups AS g
         WHERE (SELECT true FROM ONLY notifyq.jobs AS j
                WHERE j.queue = g.queue AND j.group_key = g.group_key
-                 AND j.status IN ('waiting', 'queued', 'processing') AND NOT j.group_blocked
+                 AND j.status IN ('waiting', 'queued', 'processing', 'suspended')
+                 AND NOT j.group_blocked
                LIMIT 1) IS NULL
     )
     UPDATE ONLY notifyq.jobs AS j SET group_blocked = false
@@ -407,12 +408,16 @@ BEGIN
     END IF;
     v_held := v_job.status = 'processing'
               AND coalesce(v_job.lease_expires_at > now(), false);
-    IF v_job.status IN ('queued', 'waiting') OR (v_job.status = 'processing' AND NOT v_held) THEN
+    IF v_job.status IN ('queued', 'waiting', 'suspended')
+       OR (v_job.status = 'processing' AND NOT v_held) THEN
         UPDATE ONLY notifyq.jobs AS j
         SET finished_at = now(), lease_expires_at = NULL,
             cancel_requested_at = coalesce(j.cancel_requested_at, now()),
+            suspended_until = NULL, waiting_for_signal = NULL,
             last_error = CASE WHEN v_job.status IN ('queued', 'waiting')
                               THEN 'cancelled before it ran'
+                              WHEN v_job.status = 'suspended'
+                              THEN 'cancelled while suspended'
                               ELSE 'cancelled while no live worker held it (its lease had '
                                    'run out)' END
         WHERE j.id = p_id;
@@ -599,6 +604,28 @@ DECLARE
     v_left integer := p_limit;
     v_priority integer;
 BEGIN
+    -- Suspended jobs whose time has come (a sleep over, a signal's wait timed out) become
+    -- queued here, in the statement of the claim that takes them: nothing else polls for them,
+    -- and the worker's sleep ends at the earliest of them (next_due_v3). The look for one is a
+    -- probe of an index that holds suspended jobs only. A resumed job whose dedup_key a queued
+    -- job took meanwhile waits for that one to start (the unique index would refuse it).
+    IF EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS s
+               WHERE s.status = 'suspended' AND s.suspended_until <= now()) THEN
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = 'queued', run_at = now(), suspended_until = NULL, waiting_for_signal = NULL
+        WHERE j.id IN (
+            SELECT s.id FROM ONLY notifyq.jobs AS s
+            WHERE s.status = 'suspended' AND s.suspended_until <= now()
+              AND s.task = ANY(p_tasks)
+              AND (p_queues IS NULL OR s.queue = ANY(p_queues))
+              AND (s.dedup_key IS NULL
+                   OR NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS d
+                                  WHERE d.queue = s.queue AND d.dedup_key = s.dedup_key
+                                    AND d.status IN ('waiting', 'queued')))
+            ORDER BY s.suspended_until
+            LIMIT p_limit
+            FOR NO KEY UPDATE SKIP LOCKED);
+    END IF;
     FOR v_priority IN
         SELECT DISTINCT f.priority FROM notifyq.claim_floors AS f
         WHERE p_queues IS NULL OR f.queue = ANY(p_queues)
@@ -761,6 +788,17 @@ BEGIN
     PERFORM notifyq.settle_v1(v_ended.ids, v_ended.queues, v_ended.keys);
     RETURN QUERY SELECT unnest(v_ended.ids);
 END;
+$$;
+
+CREATE FUNCTION notifyq.durable_state_v1(p_job_id uuid) RETURNS TABLE(kind text, name text, value jsonb)
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT s.kind, s.name, s.result FROM notifyq.job_steps AS s WHERE s.job_id = p_job_id
+    UNION ALL
+    SELECT 'signal', g.name, g.payload FROM notifyq.job_signals AS g WHERE g.job_id = p_job_id
+    UNION ALL
+    SELECT 'now', '', to_jsonb(extract(epoch FROM clock_timestamp())::float8);
 $$;
 
 CREATE FUNCTION notifyq.end_jobs_v1(p_ids uuid[], p_statuses text[]) RETURNS void
@@ -1157,6 +1195,21 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.forget_durable_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM notifyq.job_steps) OR EXISTS (SELECT 1 FROM notifyq.job_signals) THEN
+        DELETE FROM notifyq.job_steps AS s USING deleted AS d
+        WHERE s.job_id = d.id AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS j WHERE j.id = d.id);
+        DELETE FROM notifyq.job_signals AS s USING deleted AS d
+        WHERE s.job_id = d.id AND NOT EXISTS (SELECT 1 FROM notifyq.jobs AS j WHERE j.id = d.id);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 CREATE FUNCTION notifyq.holds_v1(p_status text, p_worker_id text, p_claims integer, p_holder text, p_claim integer) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -1211,6 +1264,20 @@ CREATE FUNCTION notifyq.job_v1(p_id uuid) RETURNS TABLE(id uuid, task text, queu
             a.depends_on, a.group_key, a.workflow_id, a.progress, a.ref, true
      FROM notifyq.jobs_archive AS a WHERE a.id = p_id)
     LIMIT 1;
+$$;
+
+CREATE FUNCTION notifyq.job_v2(p_id uuid) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, status text, priority integer, run_at timestamp with time zone, attempt_count integer, max_attempts integer, dedup_key text, result jsonb, last_error text, errors jsonb, created_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone, worker_id text, lease_expires_at timestamp with time zone, cancel_requested_at timestamp with time zone, depends_on uuid[], group_key text, workflow_id uuid, progress jsonb, ref text, archived boolean, suspended_until timestamp with time zone, waiting_for_signal text, step_names text[], step_times timestamp with time zone[])
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT v.*, j.suspended_until, j.waiting_for_signal, s.names, s.times
+    FROM notifyq.job_v1(p_id) AS v
+    LEFT JOIN ONLY notifyq.jobs AS j ON j.id = v.id
+    CROSS JOIN LATERAL (
+        SELECT array_agg(k.name ORDER BY k.finished_at, k.name) AS names,
+               array_agg(k.finished_at ORDER BY k.finished_at, k.name) AS times
+        FROM notifyq.job_steps AS k
+        WHERE k.job_id = v.id AND k.kind = 'step') AS s;
 $$;
 
 CREATE FUNCTION notifyq.join_workflow_v1() RETURNS trigger
@@ -1457,12 +1524,18 @@ CREATE FUNCTION notifyq.next_due_v3(p_tasks text[], p_queues text[]) RETURNS dou
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
-    RETURN (SELECT extract(epoch FROM min(j.run_at) - now())::float8
-            FROM ONLY notifyq.jobs AS j
-            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at > j.created_at
-              AND j.run_at > now()
-              AND j.task = ANY(p_tasks)
-              AND (p_queues IS NULL OR j.queue = ANY(p_queues)));
+    RETURN extract(epoch FROM least(
+        (SELECT min(j.run_at)
+         FROM ONLY notifyq.jobs AS j
+         WHERE j.status = 'queued' AND NOT j.group_blocked AND j.run_at > j.created_at
+           AND j.run_at > now()
+           AND j.task = ANY(p_tasks)
+           AND (p_queues IS NULL OR j.queue = ANY(p_queues))),
+        (SELECT min(s.suspended_until)
+         FROM ONLY notifyq.jobs AS s
+         WHERE s.status = 'suspended' AND s.suspended_until > now()
+           AND s.task = ANY(p_tasks)
+           AND (p_queues IS NULL OR s.queue = ANY(p_queues)))) - now())::float8;
 END;
 $$;
 
@@ -1684,6 +1757,25 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.record_step_v1(p_worker_id text, p_job_id uuid, p_claim integer, p_name text, p_result jsonb) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM 1 FROM ONLY notifyq.jobs AS j
+    WHERE j.id = p_job_id
+      AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id, p_claim)
+    FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN 'refused';
+    END IF;
+    INSERT INTO notifyq.job_steps (job_id, name, kind, result)
+    VALUES (p_job_id, p_name, 'step', p_result)
+    ON CONFLICT DO NOTHING;
+    RETURN CASE WHEN FOUND THEN 'written' ELSE 'exists' END;
+END;
+$$;
+
 CREATE FUNCTION notifyq.refresh_waiting_v1(p_worker_id text, p_ttl double precision) RETURNS void
     LANGUAGE sql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1749,7 +1841,7 @@ BEGIN
         WHEN NOT length(NEW.queue) BETWEEN 1 AND 200 THEN 'queue must be 1 to 200 characters'
         WHEN jsonb_typeof(NEW.payload) <> 'object' THEN 'payload must be a JSON object'
         WHEN NEW.status NOT IN ('waiting', 'queued', 'processing', 'completed', 'failed',
-                                'cancelled')
+                                'cancelled', 'suspended')
             THEN format('status %L is not a status', NEW.status)
         WHEN NEW.attempt_count < 0 THEN 'attempt_count must not be negative'
         WHEN NEW.max_attempts < 1 THEN 'max_attempts must be at least 1'
@@ -2166,6 +2258,88 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.signal(job_id uuid, name text, payload jsonb DEFAULT '{}'::jsonb) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_outcome text := notifyq.signal_v1(job_id, name, payload);
+BEGIN
+    IF v_outcome = 'unknown' THEN
+        RAISE EXCEPTION 'notifyq.signal: no job %', job_id USING ERRCODE = 'no_data_found';
+    ELSIF v_outcome = 'final' THEN
+        RAISE EXCEPTION 'notifyq.signal: job % has ended', job_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF v_outcome = 'too_many' THEN
+        RAISE EXCEPTION 'notifyq.signal: job % has received 100 signals, the most it may', job_id
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    RETURN v_outcome = 'sent';
+END;
+$$;
+
+CREATE FUNCTION notifyq.signal_v1(p_job_id uuid, p_name text, p_payload jsonb) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_job record;
+BEGIN
+    IF p_name IS NULL OR char_length(p_name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'notifyq.signal: a signal''s name must be 1 to 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_payload IS NOT NULL AND (jsonb_typeof(p_payload) <> 'object'
+                                  OR octet_length(p_payload::text) > 65536) THEN
+        RAISE EXCEPTION 'notifyq.signal: the payload must be a JSON object of 64 KiB at most'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT j.status, j.waiting_for_signal, j.queue, j.dedup_key INTO v_job
+    FROM ONLY notifyq.jobs AS j WHERE j.id = p_job_id
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        -- Ended (or ending while this waited for its row: a new statement sees it done). A
+        -- repeat of a signal it got is still a duplicate (a webhook's retry is not an error).
+        IF EXISTS (SELECT 1 FROM notifyq.job_signals AS g
+                   WHERE g.job_id = p_job_id AND g.name = p_name) THEN
+            RETURN 'duplicate';
+        END IF;
+        IF EXISTS (SELECT 1 FROM notifyq.jobs_done AS d WHERE d.id = p_job_id)
+           OR EXISTS (SELECT 1 FROM notifyq.jobs_archive AS a WHERE a.id = p_job_id) THEN
+            RETURN 'final';
+        END IF;
+        RETURN 'unknown';
+    END IF;
+    IF EXISTS (SELECT 1 FROM notifyq.job_signals AS g
+               WHERE g.job_id = p_job_id AND g.name = p_name) THEN
+        RETURN 'duplicate';
+    END IF;
+    IF (SELECT count(*) FROM notifyq.job_signals AS g WHERE g.job_id = p_job_id) >= 100 THEN
+        RETURN 'too_many';
+    END IF;
+    INSERT INTO notifyq.job_signals (job_id, name, payload)
+    VALUES (p_job_id, p_name, coalesce(p_payload, '{}'::jsonb));
+    IF v_job.status = 'suspended' AND v_job.waiting_for_signal = p_name THEN
+        IF v_job.dedup_key IS NOT NULL
+           AND EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS d
+                       WHERE d.queue = v_job.queue AND d.dedup_key = v_job.dedup_key
+                         AND d.status IN ('waiting', 'queued')) THEN
+            -- A queued job took its dedup_key: it resumes at the first claim after that one
+            -- started.
+            UPDATE ONLY notifyq.jobs AS j SET suspended_until = now() WHERE j.id = p_job_id;
+        ELSE
+            UPDATE ONLY notifyq.jobs AS j
+            SET status = 'queued', run_at = now(), suspended_until = NULL,
+                waiting_for_signal = NULL
+            WHERE j.id = p_job_id;
+            PERFORM notifyq.wake_v1(ARRAY[v_job.queue]);
+        END IF;
+        PERFORM notifyq.announce_v1(ARRAY[p_job_id]);
+    END IF;
+    RETURN 'sent';
+END;
+$$;
+
 CREATE FUNCTION notifyq.snooze_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_delays double precision[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2233,6 +2407,84 @@ BEGIN
               END,
               j.trace_context;
     PERFORM notifyq.announce_v1(p_ids);
+END;
+$$;
+
+CREATE FUNCTION notifyq.suspend_v1(p_worker_id text, p_ids uuid[], p_claims integer[], p_delays double precision[], p_signals text[], p_marks text[], p_kinds text[]) RETURNS TABLE(id uuid, status text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids uuid[];
+    v_doomed record;
+    v_woken record;
+BEGIN
+    WITH suspended AS (
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = 'suspended',
+            suspended_until = now() + make_interval(
+                secs => p_delays[array_position(p_ids, j.id)]),
+            waiting_for_signal = p_signals[array_position(p_ids, j.id)],
+            attempt_count = greatest(j.attempt_count - 1, 0),
+            worker_id = NULL,
+            lease_expires_at = NULL,
+            heartbeat_at = NULL
+        WHERE j.id = ANY(p_ids)
+          AND notifyq.holds_v1(j.status, j.worker_id, j.claims, p_worker_id,
+                               p_claims[array_position(p_ids, j.id)])
+        RETURNING j.id, j.suspended_until
+    ), marked AS (
+        INSERT INTO notifyq.job_steps (job_id, name, kind, result)
+        SELECT s.id, p_marks[array_position(p_ids, s.id)], p_kinds[array_position(p_ids, s.id)],
+               jsonb_build_object('until', extract(epoch FROM s.suspended_until))
+        FROM suspended AS s
+        WHERE p_marks[array_position(p_ids, s.id)] IS NOT NULL
+        ON CONFLICT DO NOTHING
+    )
+    SELECT array_agg(s.id) INTO v_ids FROM suspended AS s;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    -- A cancel asked while the handler ran (and its worker had not stopped it yet) reaches the
+    -- job here: it ends cancelled, as a suspended job that is cancelled does.
+    WITH doomed AS (
+        UPDATE ONLY notifyq.jobs AS j
+        SET finished_at = now(), suspended_until = NULL, waiting_for_signal = NULL,
+            last_error = 'cancelled while suspended'
+        WHERE j.id = ANY(v_ids) AND j.cancel_requested_at IS NOT NULL
+        RETURNING j.id, j.queue, j.group_key
+    )
+    SELECT array_agg(d.id) AS ids, array_agg(d.queue) AS queues,
+           array_agg(d.group_key) AS group_keys
+    INTO v_doomed FROM doomed AS d;
+    IF v_doomed.ids IS NOT NULL THEN
+        PERFORM notifyq.end_jobs_v1(v_doomed.ids,
+                                    array_fill('cancelled'::text,
+                                               ARRAY[cardinality(v_doomed.ids)]));
+        PERFORM notifyq.settle_v1(v_doomed.ids, v_doomed.queues, v_doomed.group_keys);
+    END IF;
+    WITH woken AS (
+        UPDATE ONLY notifyq.jobs AS j
+        SET status = 'queued', run_at = now(), suspended_until = NULL, waiting_for_signal = NULL
+        WHERE j.id = ANY(v_ids) AND j.status = 'suspended'
+          AND (j.suspended_until <= now()
+               OR EXISTS (SELECT 1 FROM notifyq.job_signals AS g
+                          WHERE g.job_id = j.id AND g.name = j.waiting_for_signal))
+          AND (j.dedup_key IS NULL
+               OR NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS d
+                              WHERE d.queue = j.queue AND d.dedup_key = j.dedup_key
+                                AND d.status IN ('waiting', 'queued')))
+        RETURNING j.queue
+    )
+    SELECT array_agg(DISTINCT w.queue) AS queues INTO v_woken FROM woken AS w;
+    IF v_woken.queues IS NOT NULL THEN
+        PERFORM notifyq.wake_v1(v_woken.queues);
+    END IF;
+    PERFORM notifyq.announce_v1(v_ids);
+    RETURN QUERY SELECT j.id, j.status FROM notifyq.jobs AS j WHERE j.id = ANY(v_ids);
 END;
 $$;
 
@@ -2376,6 +2628,26 @@ CREATE SEQUENCE notifyq.group_seq
     NO MAXVALUE
     CACHE 1;
 
+CREATE TABLE notifyq.job_signals (
+    job_id uuid NOT NULL,
+    name text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    sent_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT job_signals_name CHECK (((char_length(name) >= 1) AND (char_length(name) <= 200))),
+    CONSTRAINT job_signals_payload CHECK (((jsonb_typeof(payload) = 'object'::text) AND (octet_length((payload)::text) <= 65536)))
+);
+
+CREATE TABLE notifyq.job_steps (
+    job_id uuid NOT NULL,
+    name text NOT NULL,
+    kind text DEFAULT 'step'::text NOT NULL,
+    result jsonb,
+    finished_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT job_steps_kind CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'wait'::text]))),
+    CONSTRAINT job_steps_name CHECK (((char_length(name) >= 1) AND (char_length(name) <= 200))),
+    CONSTRAINT job_steps_result CHECK ((octet_length((result)::text) <= 1048576))
+);
+
 CREATE TABLE notifyq.jobs (
     id uuid DEFAULT notifyq.uuid_v7() NOT NULL,
     task text NOT NULL,
@@ -2407,7 +2679,10 @@ CREATE TABLE notifyq.jobs (
     progress jsonb,
     trace_context jsonb,
     ref text,
-    CONSTRAINT jobs_live_statuses CHECK ((status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text]))) NO INHERIT
+    suspended_until timestamp with time zone,
+    waiting_for_signal text,
+    CONSTRAINT jobs_live_statuses CHECK ((status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'suspended'::text]))) NO INHERIT,
+    CONSTRAINT jobs_suspension CHECK ((((status = 'suspended'::text) OR ((suspended_until IS NULL) AND (waiting_for_signal IS NULL))) AND ((waiting_for_signal IS NULL) OR ((char_length(waiting_for_signal) >= 1) AND (char_length(waiting_for_signal) <= 200))) AND ((suspended_until IS NULL) OR ((suspended_until >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (suspended_until <= '9999-01-01 00:00:00+00'::timestamp with time zone))))) NO INHERIT
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
 
@@ -2531,6 +2806,12 @@ CREATE UNLOGGED TABLE notifyq.watched_jobs (
 ALTER TABLE ONLY notifyq.claim_floors
     ADD CONSTRAINT claim_floors_pkey PRIMARY KEY (queue, priority);
 
+ALTER TABLE ONLY notifyq.job_signals
+    ADD CONSTRAINT job_signals_pkey PRIMARY KEY (job_id, name);
+
+ALTER TABLE ONLY notifyq.job_steps
+    ADD CONSTRAINT job_steps_pkey PRIMARY KEY (job_id, name, kind);
+
 ALTER TABLE ONLY notifyq.jobs_done
     ADD CONSTRAINT jobs_done_pkey PRIMARY KEY (id);
 
@@ -2578,11 +2859,13 @@ CREATE INDEX jobs_done_finished_idx ON notifyq.jobs_done USING btree (finished_a
 
 CREATE INDEX jobs_done_workflow_idx ON notifyq.jobs_done USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
-CREATE INDEX jobs_group_idx ON notifyq.jobs USING btree (queue, group_key, group_seq) WHERE ((group_key IS NOT NULL) AND (status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text])));
+CREATE INDEX jobs_group_idx ON notifyq.jobs USING btree (queue, group_key, group_seq) WHERE ((group_key IS NOT NULL) AND (status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'suspended'::text])));
 
 CREATE UNIQUE INDEX jobs_pending_dedup_idx ON notifyq.jobs USING btree (queue, dedup_key) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (dedup_key IS NOT NULL));
 
 CREATE INDEX jobs_queue_claim_idx ON notifyq.jobs USING btree (queue, priority DESC, run_at, id) WHERE ((status = 'queued'::text) AND (NOT group_blocked));
+
+CREATE INDEX jobs_suspended_idx ON notifyq.jobs USING btree (suspended_until) WHERE (status = 'suspended'::text);
 
 CREATE INDEX jobs_workflow_idx ON notifyq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
@@ -2592,7 +2875,9 @@ CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (
 
 CREATE TRIGGER jobs_accept BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NULL) OR (new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL) OR (new.status IS DISTINCT FROM 'queued'::text) OR (new.attempt_count <> 0) OR (new.claims <> 0) OR (new.lost_count <> 0) OR (new.worker_id IS NOT NULL) OR (new.lease_expires_at IS NOT NULL) OR (new.heartbeat_at IS NOT NULL) OR (new.started_at IS NOT NULL) OR (new.finished_at IS NOT NULL) OR (new.result IS NOT NULL) OR (new.last_error IS NOT NULL) OR (new.errors IS DISTINCT FROM '[]'::jsonb) OR (new.cancel_requested_at IS NOT NULL) OR (NOT ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (NOT ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (cardinality(new.depends_on) > 0) OR (new.group_key IS NOT NULL) OR (new.group_seq IS NOT NULL) OR new.group_blocked OR (new.progress IS NOT NULL))) EXECUTE FUNCTION notifyq.accept_job_v2();
 
-CREATE TRIGGER jobs_check BEFORE INSERT OR UPDATE OF task, queue, payload, priority, run_at, max_attempts, dedup_key, created_at, depends_on, workflow_id, group_key, trace_context, ref ON notifyq.jobs FOR EACH ROW WHEN ((NOT (((length(new.task) >= 1) AND (length(new.task) <= 200)) AND ((length(new.queue) >= 1) AND (length(new.queue) <= 200)) AND (jsonb_typeof(new.payload) = 'object'::text) AND (new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])) AND (new.attempt_count >= 0) AND (new.max_attempts >= 1) AND (new.claims >= 0) AND (new.lost_count >= 0) AND (cardinality(new.depends_on) <= 1000) AND ((new.group_key IS NULL) OR ((length(new.group_key) >= 1) AND (length(new.group_key) <= 512))) AND ((new.progress IS NULL) OR (jsonb_typeof(new.progress) = 'object'::text)) AND ((new.trace_context IS NULL) OR ((jsonb_typeof(new.trace_context) = 'object'::text) AND (octet_length((new.trace_context)::text) <= 1024))) AND ((new.ref IS NULL) OR ((new.workflow_id IS NOT NULL) AND ((char_length(new.ref) >= 1) AND (char_length(new.ref) <= 200)))) AND ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.started_at IS NULL) OR ((new.started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.finished_at IS NULL) OR ((new.finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.lease_expires_at IS NULL) OR ((new.lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.heartbeat_at IS NULL) OR ((new.heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.cancel_requested_at IS NULL) OR ((new.cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)))))) EXECUTE FUNCTION notifyq.refuse_row_v1();
+CREATE TRIGGER jobs_check BEFORE INSERT OR UPDATE OF task, queue, payload, priority, run_at, max_attempts, dedup_key, created_at, depends_on, workflow_id, group_key, trace_context, ref ON notifyq.jobs FOR EACH ROW WHEN ((NOT ((length(new.task) >= 1) AND (length(new.task) <= 200) AND ((length(new.queue) >= 1) AND (length(new.queue) <= 200)) AND (jsonb_typeof(new.payload) = 'object'::text) AND (new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'suspended'::text])) AND (new.attempt_count >= 0) AND (new.max_attempts >= 1) AND (new.claims >= 0) AND (new.lost_count >= 0) AND (cardinality(new.depends_on) <= 1000) AND ((new.group_key IS NULL) OR ((length(new.group_key) >= 1) AND (length(new.group_key) <= 512))) AND ((new.progress IS NULL) OR (jsonb_typeof(new.progress) = 'object'::text)) AND ((new.trace_context IS NULL) OR ((jsonb_typeof(new.trace_context) = 'object'::text) AND (octet_length((new.trace_context)::text) <= 1024))) AND ((new.ref IS NULL) OR ((new.workflow_id IS NOT NULL) AND ((char_length(new.ref) >= 1) AND (char_length(new.ref) <= 200)))) AND ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.started_at IS NULL) OR ((new.started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.finished_at IS NULL) OR ((new.finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.lease_expires_at IS NULL) OR ((new.lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.heartbeat_at IS NULL) OR ((new.heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.cancel_requested_at IS NULL) OR ((new.cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)))))) EXECUTE FUNCTION notifyq.refuse_row_v1();
+
+CREATE TRIGGER jobs_done_forget_durable AFTER DELETE ON notifyq.jobs_done REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.forget_durable_v1();
 
 CREATE TRIGGER jobs_done_refuse_revival BEFORE UPDATE OF status ON notifyq.jobs_done FOR EACH ROW WHEN ((new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text]))) EXECUTE FUNCTION notifyq.refuse_status_v1();
 

@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 import anyio
+import psycopg
 
-from notifyq import task
+from notifyq import JobContext, task
 
 
 @task
@@ -25,6 +26,29 @@ async def record_slowly(payload: dict[str, Any]) -> int:
     _append_run(payload["n"])
     await anyio.sleep(float(payload.get("seconds", 0.01)))
     return int(payload["n"])
+
+
+@task
+async def three_steps(payload: dict[str, Any], ctx: JobContext) -> list[str]:
+    """Three durable steps of payload["seconds"] each (default 0.02); each run of a step's
+    function is a row of the table durable_runs (job_id, name, at: the database's clock when
+    it started), which the test creates, so that a test can tell a run after its step was
+    recorded."""
+    seconds = float(payload.get("seconds", 0.02))
+    return [
+        await ctx.step(name, _durable_run, str(ctx.job_id), name, seconds)
+        for name in ("one", "two", "three")
+    ]
+
+
+def _durable_run(job_id: str, name: str, seconds: float) -> str:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO durable_runs (job_id, name, at) VALUES (%s, %s, clock_timestamp())",
+            (job_id, name),
+        )
+    time.sleep(seconds)
+    return name
 
 
 def _append_run(n: int) -> None:

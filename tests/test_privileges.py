@@ -26,6 +26,8 @@ from psycopg import sql
 from notifyq.api import create_app
 from notifyq.builtins import worker_registry
 from notifyq.client import Queue
+from notifyq.migrations import _apply_missing
+from notifyq.queries import load_migrations
 from notifyq.settings import Settings
 from notifyq.tasks import Registry, make_task
 from notifyq.workflows import chain, step
@@ -335,6 +337,17 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
                 await conn.execute(
                     "SELECT * FROM notifyq.claim_v4('me', ARRAY['echo'], NULL, 10, 30, false)"
                 )
+            # A producer sends signals (sql/023), through notifyq.signal only.
+            cursor = await conn.execute("SELECT notifyq.enqueue('echo', '{}', dedup_key => 's')")
+            signalled = (await cursor.fetchone())[0]  # type: ignore[index]
+            cursor = await conn.execute(
+                "SELECT notifyq.signal(%s, 'approved', '{\"k\": 1}'::jsonb)", [signalled]
+            )
+            assert await cursor.fetchall() == [(True,)]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute(
+                    "INSERT INTO notifyq.job_signals (job_id, name) VALUES (%s, 'x')", [signalled]
+                )
         async with Queue(settings=settings.model_copy(update={"database_url": url})) as q:
             one = await q.enqueue("echo", {"n": 1})
             many = await q.enqueue_many(
@@ -347,9 +360,10 @@ async def test_a_producer_enqueues_and_reads_but_cannot_change_or_claim_jobs(
             await q.enqueue_workflow(chain(step("echo"), step("echo")))
             with pytest.raises(TimeoutError):
                 await q.wait(one.job_id, timeout=0.5)
+            assert await q.signal(one.job_id, "approved") is True
     with psycopg.connect(db_url) as admin:
         row = admin.execute("SELECT count(*) FROM notifyq.jobs").fetchone()
-    assert row is not None and row[0] == 1 + 1 + 1 + 301 + 1 + 2
+    assert row is not None and row[0] == 1 + 1 + 1 + 1 + 301 + 1 + 2
 
 
 async def test_a_worker_role_runs_the_worker_and_the_api_without_migrating(
@@ -393,3 +407,39 @@ def test_a_stale_schema_without_auto_migrate_is_one_line_naming_the_fix(
         assert done.returncode == 1, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
         assert "notifyq migrate" in done.stderr
+
+
+async def test_roles_granted_before_version_23_keep_working_after_it(empty_db_url: str) -> None:
+    # Migrated to version 21 and granted then (as `notifyq grant` of that version did); then
+    # version 23 (durable jobs) gives each its share of the new tables and functions.
+    older = [m for m in load_migrations() if m.version < 23]
+    async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
+        await _apply_missing(conn, older, lambda _: None)
+        with role(empty_db_url) as worker, role(empty_db_url) as producer:
+            w, p = sql.Identifier(worker), sql.Identifier(producer)
+            await conn.execute(sql.SQL("GRANT USAGE ON SCHEMA notifyq TO {}, {}").format(w, p))
+            await conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON notifyq.jobs TO {}").format(w)
+            )
+            await conn.execute(
+                sql.SQL("GRANT INSERT (task, payload) ON notifyq.jobs TO {}").format(p)
+            )
+            await conn.execute(sql.SQL("GRANT SELECT ON notifyq.jobs TO {}").format(p))
+            assert [m.version for m in await _apply_missing(conn, load_migrations(), str)] == [23]
+            cursor = await conn.execute(
+                """SELECT has_table_privilege(%(w)s, 'notifyq.job_steps', 'INSERT'),
+                          has_table_privilege(%(w)s, 'notifyq.job_signals', 'SELECT'),
+                          has_function_privilege(%(w)s, 'notifyq.suspend_v1(text, uuid[],
+                              integer[], float8[], text[], text[], text[])', 'EXECUTE'),
+                          has_function_privilege(%(w)s, 'notifyq.record_step_v1(text, uuid,
+                              integer, text, jsonb)', 'EXECUTE'),
+                          has_function_privilege(%(p)s, 'notifyq.job_v2(uuid)', 'EXECUTE'),
+                          has_table_privilege(%(p)s, 'notifyq.job_steps', 'SELECT'),
+                          has_function_privilege(%(p)s, 'notifyq.suspend_v1(text, uuid[],
+                              integer[], float8[], text[], text[], text[])', 'EXECUTE'),
+                          has_function_privilege(%(p)s, 'notifyq.signal(uuid, text, jsonb)',
+                                                 'EXECUTE')""",
+                {"w": worker, "p": producer},
+            )
+            assert await cursor.fetchone() == (True, True, True, True, True, False, False, True)
+            await conn.execute(sql.SQL("DROP OWNED BY {}, {}").format(w, p))

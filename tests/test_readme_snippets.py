@@ -208,6 +208,58 @@ def test_the_readmes_sql_runs_as_printed(db_url: str) -> None:
     assert waiting == [("k", 1)]
 
 
+def test_the_durable_payment_example_runs_end_to_end(db_url: str, tmp_path: Path) -> None:
+    # Three checkouts by the README's curl, each charged once, suspended, then signalled one
+    # way each (HTTP, Python, psql) and completed with its receipt.
+    for name in ("# payments.py", "# webhook.py"):
+        (tmp_path / name.removeprefix("# ")).write_text(readme_block(name))
+    port = free_port()
+    env = notifyq_env(db_url, NOTIFYQ_IMPORT="payments", PYTHONPATH=f"{tmp_path}:{ROOT}")
+    with processes(tmp_path) as start:
+        server = start("serve", "--port", str(port), env=env, cwd=tmp_path)
+        wait_for_port(server, port)
+        enqueue = on_port(shell_line("curl -X POST", '"task": "checkout"'), DEFAULT_PORT, port)
+        ids = [curl(enqueue, tmp_path)["job_id"] for _ in range(3)]
+        for job_id in ids:
+            _wait_for(db_url, job_id, "suspended")
+        signal_by_http = on_port(shell_line("curl -X POST", "/signals/"), DEFAULT_PORT, port)
+        sent = curl(signal_by_http.replace("<job_id>", ids[0]), tmp_path)
+        assert sent == {"job_id": ids[0], "name": "payment_webhook", "duplicate": False}
+        by_python = subprocess.run(
+            [sys.executable, "webhook.py", ids[1]],
+            cwd=tmp_path,
+            env=notifyq_env(db_url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert by_python.stdout == "True\n", by_python.stdout + by_python.stderr
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            sql = readme_block("SELECT notifyq.signal('<job_id>'")
+            assert conn.execute(sql.replace("<job_id>", ids[2])).fetchone() == (True,)
+        for job_id in ids:
+            _wait_for(db_url, job_id, "completed")
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.output()
+    assert rows(
+        db_url,
+        "SELECT DISTINCT result->>'receipt', attempt_count FROM notifyq.jobs"
+        " WHERE task = 'checkout'",
+    ) == [("receipt for ch_A1: paid", 1)]
+    assert rows(
+        db_url,
+        "SELECT name, count(*) FROM notifyq.job_steps WHERE kind = 'step' GROUP BY name"
+        " ORDER BY name",
+    ) == [("charge", 3), ("receipt", 3)]
+
+
+def _wait_for(db_url: str, job_id: str, status: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while rows(db_url, "SELECT status FROM notifyq.jobs WHERE id = %s", job_id) != [(status,)]:
+        assert time.monotonic() < deadline, f"job {job_id} not {status} within {timeout}s"
+        time.sleep(0.02)
+
+
 # -- Writing tasks ---------------------------------------------------------------------------
 
 

@@ -76,10 +76,20 @@ CREATE TABLE bench.jobs (
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 1);
 -- As sql/018 adds it to notifyq.jobs.
 ALTER TABLE bench.jobs ADD COLUMN ref text;
+-- As sql/023 adds them (durable jobs: a suspended job's time and signal).
+ALTER TABLE bench.jobs ADD COLUMN suspended_until timestamptz, ADD COLUMN waiting_for_signal text;
 -- The rules of a job's columns are notifyq's insert trigger since sql/020, not CHECKs: the loop
--- inserts nothing but plain jobs, so it has neither. The statuses each table holds stay CHECKs.
+-- inserts nothing but plain jobs, so it has neither. The statuses each table holds stay CHECKs,
+-- and so does what only a suspended job says (sql/023).
 ALTER TABLE ONLY bench.jobs ADD CONSTRAINT jobs_live_statuses
-    CHECK (status IN ('waiting', 'queued', 'processing')) NO INHERIT;
+    CHECK (status IN ('waiting', 'queued', 'processing', 'suspended')) NO INHERIT;
+ALTER TABLE ONLY bench.jobs ADD CONSTRAINT jobs_suspension
+    CHECK ((status = 'suspended' OR (suspended_until IS NULL AND waiting_for_signal IS NULL))
+           AND (waiting_for_signal IS NULL OR char_length(waiting_for_signal) BETWEEN 1 AND 200)
+           AND (suspended_until IS NULL
+                OR suspended_until BETWEEN '1900-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00'))
+    NO INHERIT;
+CREATE INDEX ON bench.jobs (suspended_until) WHERE status = 'suspended';
 CREATE INDEX ON bench.jobs (run_at)
     WHERE status = 'queued' AND NOT group_blocked AND run_at > created_at;
 CREATE INDEX ON bench.jobs (queue, priority DESC, run_at, id)
@@ -89,7 +99,7 @@ CREATE UNIQUE INDEX ON bench.jobs (queue, dedup_key)
 CREATE INDEX ON bench.jobs USING gin (depends_on) WITH (fastupdate = off)
     WHERE status IN ('waiting', 'queued') AND depends_on <> '{}';
 CREATE INDEX ON bench.jobs (queue, group_key, group_seq)
-    WHERE group_key IS NOT NULL AND status IN ('waiting', 'queued', 'processing');
+    WHERE group_key IS NOT NULL AND status IN ('waiting', 'queued', 'processing', 'suspended');
 CREATE INDEX ON bench.jobs (workflow_id) WHERE workflow_id IS NOT NULL;
 -- As sql/020 makes notifyq.jobs_done, where a completion moves its job.
 CREATE TABLE bench.jobs_done (

@@ -4,6 +4,7 @@ JSON and plot out, and everything the bench started stopped and dropped, even on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="round trip added to each multihost host's link, half each way, as a real LAN has "
         "(default 0.2; 0: none): netem when the kernel has it, else the bench's delay relay",
+    )
+    parser.add_argument(
+        "--kill-trials",
+        type=int,
+        metavar="N",
+        help="kill -9 trials of the durable scenario (default 1,000; 3 with --quick)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
@@ -177,6 +184,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append("--peers")
     if args.lan_delay != 0.2:
         out += ["--lan-delay", f"{args.lan_delay:g}"]
+    if args.kill_trials is not None:
+        out += ["--kill-trials", str(args.kill_trials)]
     return out
 
 
@@ -195,6 +204,8 @@ def _refusal(args: argparse.Namespace) -> str | None:
     """Why these options cannot run (a usage error), or None."""
     if args.repeat is not None and args.repeat < 1:
         return "--repeat must be at least 1"
+    if args.kill_trials is not None and args.kill_trials < 0:
+        return "--kill-trials must be 0 or more"
     if not 0 <= args.lan_delay <= 1000:
         return "--lan-delay must be from 0 to 1000 (ms)"
     if args.plot is not None:
@@ -236,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeat = args.repeat or (1 if args.quick else 5)
     url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_LOCAL_URL
     sizes = Sizes.of(args.quick)
+    if args.kill_trials is not None:
+        sizes = dataclasses.replace(sizes, kill_trials=args.kill_trials)
     results = Results(meta=_meta(url, args, scenarios, repeat))
     peers, peer_note = peer_systems(args.peers, scenarios)
     if peer_note:

@@ -130,6 +130,32 @@ class ProgressOut(BaseModel):
         return cls(fraction=fraction, message=message)
 
 
+class StepOut(BaseModel):
+    """A step a durable job recorded (``ctx.step``)."""
+
+    name: str
+    finished_at: datetime
+
+
+class SignalIn(BaseModel):
+    """The body of ``POST /jobs/{id}/signals/{name}`` (optional: no body is ``{}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    payload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the job's ctx.wait_for_signal(name) returns (64 KiB at most).",
+    )
+
+
+class SignalOut(BaseModel):
+    """A signal sent (202), or one that a signal of the same name preceded (200)."""
+
+    job_id: UUID
+    name: str
+    duplicate: bool
+
+
 class JobOut(BaseModel):
     """A job as stored."""
 
@@ -174,6 +200,17 @@ class JobOut(BaseModel):
         description="Read from the archive (NOTIFYQ_ARCHIVE_AFTER): it can no longer be "
         "retried, cancelled or deleted.",
     )
+    steps: list[StepOut] = Field(
+        default_factory=list,
+        description="The steps it recorded (ctx.step), in the order they finished.",
+    )
+    suspended_until: datetime | None = Field(
+        default=None,
+        description="A suspended job: when it runs again (null: when its signal comes).",
+    )
+    waiting_for_signal: str | None = Field(
+        default=None, description="A suspended job: the signal it waits for."
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -203,6 +240,9 @@ class JobOut(BaseModel):
             ref=job.ref,
             progress=ProgressOut.of(job.progress),
             archived=job.archived,
+            steps=[StepOut(name=name, finished_at=at) for name, at in job.steps],
+            suspended_until=job.suspended_until,
+            waiting_for_signal=job.waiting_for_signal,
         )
 
 
@@ -278,6 +318,12 @@ class QueueOut(BaseModel):
     queued: int = Field(description="Queued, due or not.")
     due: int = Field(description="Queued and due now.")
     processing: int
+    suspended: int = Field(
+        default=0, description="Suspended durable jobs (a sleep or a signal wait): no slot held."
+    )
+    waiting_for_signal: int = Field(
+        default=0, description="Of the suspended jobs, those waiting for a signal."
+    )
     completed: int
     completed_estimated: bool = Field(description="Counted from a sample on a large table.")
     failed: int

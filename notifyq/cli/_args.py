@@ -8,7 +8,9 @@ from typing import Any, ClassVar, Literal
 
 from notifyq.grants import Kind
 
-JobStatusName = Literal["waiting", "queued", "processing", "completed", "failed", "cancelled"]
+JobStatusName = Literal[
+    "waiting", "queued", "processing", "suspended", "completed", "failed", "cancelled"
+]
 
 
 @dataclass(frozen=True, kw_only=True)

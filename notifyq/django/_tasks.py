@@ -57,6 +57,8 @@ _STATUS = {
     JobStatus.WAITING: TaskResultStatus.READY,
     JobStatus.QUEUED: TaskResultStatus.READY,
     JobStatus.PROCESSING: TaskResultStatus.RUNNING,
+    # A durable job between its steps (a sleep, a signal wait) has started and not ended.
+    JobStatus.SUSPENDED: TaskResultStatus.RUNNING,
     JobStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
     JobStatus.FAILED: TaskResultStatus.FAILED,
     JobStatus.CANCELLED: TaskResultStatus.FAILED,

@@ -79,6 +79,12 @@ class Managing(Runner):
         """The job, from notifyq.jobs or else the archive (``Job.archived``), or None."""
         return await self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
 
+    async def signal_job(self, job_id: UUID, name: str, payload_json: str) -> str:
+        """Sends signal ``name`` to a job (see notifyq.signal_v1): ``sent``, ``duplicate`` (one
+        of that name came first), ``unknown``, ``final`` (the job has ended) or ``too_many``."""
+        params = {"job_id": job_id, "name": name, "payload": payload_json}
+        return str(await self._value("signal_job", params, what="sending a signal"))
+
     async def get_archived_job(self, job_id: UUID) -> Job | None:
         """The job if it is in the archive (NOTIFYQ_ARCHIVE_AFTER), else None."""
         params = {"id": job_id}

@@ -111,6 +111,12 @@ class SyncStore:
         """The job, from notifyq.jobs or else the archive (``Job.archived``), or None."""
         return self._one("get_job", {"id": job_id}, _JOB, what="reading a job")
 
+    def signal_job(self, job_id: UUID, name: str, payload_json: str) -> str:
+        """As :meth:`notifyq.store.Store.signal_job`."""
+        params = {"job_id": job_id, "name": name, "payload": payload_json}
+        row = self._one("signal_job", params, tuple_row, what="sending a signal")
+        return str(row[0]) if row is not None else "unknown"
+
     def watch(self, watcher: str, job_id: UUID, ttl: float) -> bool:
         """As :meth:`notifyq.store.Store.watch`: once this returns, a read of the job sees every
         change that was not announced. False: no such job."""

@@ -20,6 +20,7 @@ from notifyq.models import (
     Progress,
     Snoozed,
     Success,
+    Suspended,
     TaskRegistration,
 )
 from notifyq.store._runner import (
@@ -226,6 +227,50 @@ class Working(Runner):
             what="snoozing jobs",
         )
         return _ids(rows)
+
+    async def suspend(
+        self, worker_id: str, suspended: Sequence[Suspended]
+    ) -> dict[UUID, JobStatus]:
+        """Suspends jobs whose handler slept or waits for a signal (see notifyq.suspend_v1);
+        answers the status of each job written: ``suspended``, or ``queued`` when its signal
+        or its time came already."""
+        rows = await self._in_chunks(
+            "suspend_jobs",
+            suspended,
+            lambda chunk: {
+                "worker_id": worker_id,
+                "ids": [s.job_id for s in chunk],
+                "claims": [s.claim for s in chunk],
+                "delays": [s.delay for s in chunk],
+                "signals": [s.signal for s in chunk],
+                "marks": [s.mark for s in chunk],
+                "kinds": [s.kind for s in chunk],
+            },
+            tuple_row,
+            what="suspending jobs",
+        )
+        return {job_id: JobStatus(status) for job_id, status in rows}
+
+    async def durable_state(self, job_id: UUID) -> list[tuple[str, str, Any]]:
+        """A job's recorded steps and marks, its signals, and the database's time (see
+        notifyq.durable_state_v1)."""
+        return await self._all(
+            "durable_state", {"job_id": job_id}, tuple_row, what="reading a job's steps"
+        )
+
+    async def record_step(
+        self, worker_id: str, job_id: UUID, claim: int, name: str, result_json: str
+    ) -> str:
+        """Stores a step's result, fenced by the claim: ``written``, ``exists`` or
+        ``refused`` (see notifyq.record_step_v1)."""
+        params = {
+            "worker_id": worker_id,
+            "job_id": job_id,
+            "claim": claim,
+            "name": name,
+            "result": result_json,
+        }
+        return str(await self._value("record_step", params, what="recording a step"))
 
     async def report_progress(self, worker_id: str, reports: Sequence[Progress]) -> set[UUID]:
         """Records the progress of running jobs; answers the ids written (the others are no

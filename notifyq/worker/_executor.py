@@ -22,18 +22,34 @@ from uuid import UUID
 
 import anyio
 
-from notifyq.context import JobContext
+from notifyq.context import DurableState, DurableStore, JobContext, Suspend
 from notifyq.errors import InvalidJob, PermanentFailure, Snooze
-from notifyq.models import ClaimedJob, Failure, Snoozed, Success, Undecodable, encode_json
+from notifyq.models import (
+    ClaimedJob,
+    Failure,
+    Snoozed,
+    Success,
+    Suspended,
+    Undecodable,
+    encode_json,
+)
 from notifyq.retry import Backoff
 from notifyq.tasks import Task
 from notifyq.tracing import NO_TRACING, Processing, Tracing
+from notifyq.worker._store import WorkerStore
 from notifyq.worker._telemetry import Telemetry
 
-__all__ = ["MAX_ERROR_LENGTH", "Executor", "Outcome", "ProgressReports", "describe_failure"]
+__all__ = [
+    "MAX_ERROR_LENGTH",
+    "Executor",
+    "JobRecord",
+    "Outcome",
+    "ProgressReports",
+    "describe_failure",
+]
 
 #: What an attempt comes to.
-Outcome = Success | Failure | Snoozed
+Outcome = Success | Failure | Snoozed | Suspended
 
 #: Where progress reports go: (job id, claim, fraction, message).
 ProgressReports = Callable[[UUID, int, float | None, str | None], None]
@@ -44,6 +60,21 @@ logger = logging.getLogger("notifyq.worker")
 MAX_ERROR_LENGTH = 4000
 
 _NO_DEPENDENCIES: Mapping[str, Any] = MappingProxyType({})
+
+
+class JobRecord:
+    """What a job's durable calls read and write (``ctx.step``...), through the worker's store,
+    fenced by this worker's id and the job's claim."""
+
+    def __init__(self, store: WorkerStore, worker_id: str) -> None:
+        self._store = store
+        self._worker_id = worker_id
+
+    async def durable_state(self, job_id: UUID) -> list[tuple[str, str, Any]]:
+        return await self._store.durable_state(job_id)
+
+    async def record_step(self, job_id: UUID, claim: int, name: str, result_json: str) -> str:
+        return await self._store.record_step(self._worker_id, job_id, claim, name, result_json)
 
 
 class Executor:
@@ -61,7 +92,9 @@ class Executor:
         telemetry: Telemetry,
         progress: ProgressReports | None = None,
         tracing: Tracing = NO_TRACING,
+        durable: DurableStore | None = None,
     ) -> None:
+        self._durable = durable
         self._worker_id = worker_id
         self._backoff = backoff
         self._limiter = limiter
@@ -104,6 +137,10 @@ class Executor:
             _NO_DEPENDENCIES if job.dependencies is None else MappingProxyType(job.dependencies),
             # A partial, not a closure: no Python frame per job to make it.
             None if self._progress is None else partial(self._progress, job.id, job.claim),
+            # Read from the database only when the handler first asks (ctx.step, ctx.sleep...).
+            None
+            if self._durable is None
+            else DurableState(self._durable, job.id, job.claim, self._limiter),
         )
         timed_out = False
         try:
@@ -115,6 +152,16 @@ class Executor:
                 timed_out = deadline.cancelled_caught
         except Snooze as snooze:
             return Snoozed(job.id, job.claim, snooze.seconds, time.monotonic() - started)
+        except Suspend as suspend:
+            return Suspended(
+                job.id,
+                job.claim,
+                suspend.delay,
+                suspend.signal,
+                suspend.mark,
+                suspend.kind,
+                time.monotonic() - started,
+            )
         except PermanentFailure as exc:
             error = describe_failure(exc)
             return self._failure(job, task, error, started, span, retryable=False, exc=exc)
@@ -185,6 +232,7 @@ _OUTCOMES: dict[type[Outcome], str] = {
     Success: "completed",
     Failure: "failed",
     Snoozed: "snoozed",
+    Suspended: "suspended",
 }
 
 

@@ -23,6 +23,7 @@ class WorkerStats:
     rescued: int = 0
     cancelled: int = 0
     snoozed: int = 0
+    suspended: int = 0
     #: Statements that recorded progress reports (each for every job that reported).
     progress_writes: int = 0
     claims: int = 0

@@ -20,6 +20,7 @@ from notifyq.models import (
     Rescued,
     Snoozed,
     Success,
+    Suspended,
     TaskRegistration,
 )
 
@@ -95,6 +96,16 @@ class WorkerStore(Protocol):
     async def cancel_running(self, worker_id: str, held: Iterable[Held]) -> set[UUID]: ...
 
     async def snooze(self, worker_id: str, snoozed: Sequence[Snoozed]) -> set[UUID]: ...
+
+    async def suspend(
+        self, worker_id: str, suspended: Sequence[Suspended]
+    ) -> dict[UUID, JobStatus]: ...
+
+    async def durable_state(self, job_id: UUID) -> list[tuple[str, str, Any]]: ...
+
+    async def record_step(
+        self, worker_id: str, job_id: UUID, claim: int, name: str, result_json: str
+    ) -> str: ...
 
     async def report_progress(self, worker_id: str, reports: Sequence[Progress]) -> set[UUID]: ...
 

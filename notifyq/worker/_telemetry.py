@@ -12,14 +12,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from uuid import UUID
 
 from notifyq.metrics import Metrics
-from notifyq.models import ClaimedJob, Failure, Held, JobStatus, OutcomeKind, Snoozed, Success
+from notifyq.models import (
+    ClaimedJob,
+    Failure,
+    Held,
+    JobStatus,
+    OutcomeKind,
+    Snoozed,
+    Success,
+    Suspended,
+)
 
 __all__ = ["MeteredTelemetry", "Telemetry", "WrittenJob", "telemetry"]
 
 logger = logging.getLogger("notifyq.worker")
 
 #: A job whose outcome is in the database, and that outcome.
-WrittenJob = tuple[ClaimedJob, Success | Failure | Snoozed | Held]
+WrittenJob = tuple[ClaimedJob, Success | Failure | Snoozed | Suspended | Held]
 
 #: Completions are the bulk (thousands a second): DEBUG. Metrics count them.
 _LEVELS = {"failed": logging.WARNING, "completed": logging.DEBUG}
@@ -30,6 +39,7 @@ _LEAST_LEVELS = {
     OutcomeKind.FAILED: logging.INFO,
     OutcomeKind.CANCELLED: logging.INFO,
     OutcomeKind.SNOOZED: logging.INFO,
+    OutcomeKind.SUSPENDED: logging.INFO,
 }
 
 
@@ -112,6 +122,7 @@ class MeteredTelemetry(Telemetry):
             "retried": metrics.retried,
             "cancelled": metrics.cancelled,
             "snoozed": metrics.snoozed,
+            "suspended": metrics.suspended,
         }
 
     def started(self, jobs: Sequence[ClaimedJob]) -> None:
@@ -160,7 +171,7 @@ def telemetry(metrics: Metrics | None) -> Telemetry:
 
 def _events(
     kind: OutcomeKind, written: Iterable[WrittenJob], statuses: Mapping[UUID, JobStatus] | None
-) -> Iterable[tuple[ClaimedJob, Success | Failure | Snoozed | Held, str]]:
+) -> Iterable[tuple[ClaimedJob, Success | Failure | Snoozed | Suspended | Held, str]]:
     """Each written job with the event name of its outcome: a failed attempt that went back to
     the queue is a retry."""
     name = kind.value

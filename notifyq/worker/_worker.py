@@ -30,7 +30,7 @@ from notifyq.settings import Settings
 from notifyq.store import Store
 from notifyq.tasks import Registry, Task
 from notifyq.tracing import tracing
-from notifyq.worker._executor import Executor
+from notifyq.worker._executor import Executor, JobRecord
 from notifyq.worker._floors import FloorRaiser
 from notifyq.worker._heartbeat import Heartbeat
 from notifyq.worker._leadership import Leadership
@@ -150,7 +150,7 @@ class Worker:
             )  # fmt: skip
             progress = ProgressWriter(store, worker_id=self.id, stats=self.stats)
             runners = Runners(
-                ledger, self._executor(progress), writer, concurrency=settings.concurrency
+                ledger, self._executor(store, progress), writer, concurrency=settings.concurrency
             )
             producer = self._producer(store, ledger, runners, idle, limits_exist)
             writer.refill = producer
@@ -232,9 +232,10 @@ class Worker:
             return CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
         return None
 
-    def _executor(self, progress: ProgressWriter) -> Executor:
+    def _executor(self, store: WorkerStore, progress: ProgressWriter) -> Executor:
         s = self.settings
         return Executor(
+            durable=JobRecord(store, self.id),
             worker_id=self.id,
             backoff=Backoff(s.retry_base, s.retry_factor, s.retry_cap),
             limiter=anyio.CapacityLimiter(s.concurrency),

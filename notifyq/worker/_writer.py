@@ -33,6 +33,7 @@ from notifyq.models import (
     OutcomeKind,
     Snoozed,
     Success,
+    Suspended,
 )
 from notifyq.worker._ledger import Ledger, WakeReason
 from notifyq.worker._stats import Signals, WorkerStats
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 #: How long the final writes of a stopping worker may take.
 FINAL_WRITE_TIMEOUT = 10.0
 
-Item = TypeVar("Item", Success, Failure, Snoozed, Held)
+Item = TypeVar("Item", Success, Failure, Snoozed, Suspended, Held)
 Written = TypeVar("Written", set[UUID], dict[UUID, JobStatus])
 
 
@@ -91,6 +92,7 @@ class OutcomeWriter:
         self._done: list[Success] = []
         self._failed: list[Failure] = []
         self._snoozed: list[Snoozed] = []
+        self._suspended: list[Suspended] = []
         self._released: list[Held] = []
         self._cancelled: list[Held] = []
         self._lock = anyio.Lock()
@@ -100,12 +102,14 @@ class OutcomeWriter:
 
     # -- what runners hand over ------------------------------------------------------------
 
-    def record(self, outcome: Success | Failure | Snoozed) -> None:
+    def record(self, outcome: Success | Failure | Snoozed | Suspended) -> None:
         """A finished attempt, to be written."""
         if isinstance(outcome, Success):
             self._done.append(outcome)
         elif isinstance(outcome, Failure):
             self._failed.append(outcome)
+        elif isinstance(outcome, Suspended):
+            self._suspended.append(outcome)
         else:
             self._snoozed.append(outcome)
         self._pending.set()
@@ -122,7 +126,12 @@ class OutcomeWriter:
 
     def __bool__(self) -> bool:
         return bool(
-            self._done or self._failed or self._snoozed or self._released or self._cancelled
+            self._done
+            or self._failed
+            or self._snoozed
+            or self._suspended
+            or self._released
+            or self._cancelled
         )
 
     # -- writing ---------------------------------------------------------------------------
@@ -169,6 +178,8 @@ class OutcomeWriter:
                 await self._write_failures()
             if self._snoozed:
                 await self._write_snoozes()
+            if self._suspended:
+                await self._write_suspensions()
             if self._cancelled:
                 batch = list(self._cancelled)
                 stopped = await self._write(self._store.cancel_running, batch, set())
@@ -236,6 +247,17 @@ class OutcomeWriter:
             # Its run_at may be sooner than the time the producer sleeps until.
             self._ledger.wake.signal(WakeReason.OTHER)
 
+    async def _write_suspensions(self) -> None:
+        batch = list(self._suspended)
+        rows = await self._write(self._store.suspend, batch, {})
+        del self._suspended[: len(batch)]
+        self._let_go(batch, rows, OutcomeKind.SUSPENDED)
+        self._stats.suspended += len(rows)
+        if rows:
+            # A suspension's time may be sooner than the time the producer sleeps until, and a
+            # job whose signal came meanwhile is queued already.
+            self._ledger.wake.signal(WakeReason.OTHER)
+
     async def _write_failures(self) -> None:
         batch = list(self._failed)
         rows = await self._write(self._store.fail, batch, {})
@@ -275,7 +297,7 @@ class OutcomeWriter:
 
     def _let_go(
         self,
-        batch: Sequence[Success | Failure | Snoozed | Held],
+        batch: Sequence[Success | Failure | Snoozed | Suspended | Held],
         written: set[UUID] | dict[UUID, JobStatus],
         kind: OutcomeKind,
     ) -> None:
@@ -295,7 +317,7 @@ class OutcomeWriter:
     async def _final_writes(self) -> None:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
         pending = {s.job_id for s in self._done} | {f.job_id for f in self._failed}
-        pending |= {s.job_id for s in self._snoozed}
+        pending |= {s.job_id for s in self._snoozed} | {s.job_id for s in self._suspended}
         pending |= {h.job_id for h in (*self._released, *self._cancelled)}
         for held in self._ledger.held():
             if held.job_id not in pending:

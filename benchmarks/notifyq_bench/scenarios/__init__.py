@@ -22,6 +22,7 @@ from notifyq_bench.scenarios import (
     batch,
     bulk_insert,
     concurrency,
+    durable,
     history,
     horizon,
     insert_trigger,
@@ -52,6 +53,7 @@ SCENARIOS: dict[str, Scenario] = {
         history.SCENARIO,
         concurrency.SCENARIO,
         workflow.SCENARIO,
+        durable.SCENARIO,
         multihost.SCENARIO,
     )
 }

@@ -52,6 +52,11 @@ class Sizes:
     group_keys: int
     #: Seconds of the ``horizon`` scenario's stream of jobs under a pinned xmin.
     horizon_seconds: float
+    #: The ``durable`` scenario: jobs signalled one at a time (wake-up latency), suspended jobs
+    #: during the second drain, and ``kill -9`` trials (``--kill-trials`` overrides).
+    signal_wakes: int = 20
+    suspended_jobs: int = 1_000
+    kill_trials: int = 3
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -78,6 +83,9 @@ class Sizes:
                 waits=10,
                 group_keys=1_000,
                 horizon_seconds=30.0,
+                signal_wakes=20,
+                suspended_jobs=1_000,
+                kill_trials=3,
             )
         return cls(
             idle_seconds=10.0,
@@ -101,6 +109,9 @@ class Sizes:
             waits=30,
             group_keys=10_000,
             horizon_seconds=600.0,
+            signal_wakes=200,
+            suspended_jobs=10_000,
+            kill_trials=1_000,
         )
 
 

@@ -7,11 +7,11 @@ import json
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from notifyq.api.deps import StoreDep
+from notifyq.api.deps import MetricsDep, StoreDep
 from notifyq.api.errors import NOT_FOUND, not_found
 from notifyq.api.paging import decode_cursor, encode_cursor
 from notifyq.api.schemas import (
@@ -25,9 +25,18 @@ from notifyq.api.schemas import (
     JobPage,
     RetriedOut,
     RetryableStatus,
+    SignalIn,
+    SignalOut,
 )
 from notifyq.errors import InvalidJob
-from notifyq.models import MAX_GROUP_KEY_LENGTH, MAX_NAME_LENGTH, JobStatus, encode_json
+from notifyq.models import (
+    MAX_GROUP_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_SIGNALS_PER_JOB,
+    JobStatus,
+    encode_json,
+    signal_payload_json,
+)
 from notifyq.store import JobFilter
 
 router = APIRouter()
@@ -39,7 +48,7 @@ COUNT_SCAN = 100_000
 #: The statuses each bulk action applies to.
 BULK_STATUSES: dict[str, tuple[JobStatus, ...]] = {
     "retry": (JobStatus.FAILED, JobStatus.CANCELLED),
-    "cancel": (JobStatus.WAITING, JobStatus.QUEUED, JobStatus.PROCESSING),
+    "cancel": (JobStatus.WAITING, JobStatus.QUEUED, JobStatus.PROCESSING, JobStatus.SUSPENDED),
     "delete": (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED),
 }
 
@@ -169,6 +178,44 @@ async def bulk_jobs(body: BulkIn, store: StoreDep) -> BulkOut:
         scanned=done.scanned,
         next_after=done.last if done.scanned >= body.limit else None,
     )
+
+
+@router.post(
+    "/jobs/{job_id}/signals/{name}",
+    response_model=SignalOut,
+    status_code=202,
+    responses={
+        200: {"model": SignalOut, "description": "A signal of that name came first: unchanged."},
+        **NOT_FOUND,
+        409: {
+            "model": ErrorOut,
+            "description": f"The job has ended, or has received {MAX_SIGNALS_PER_JOB} signals.",
+        },
+    },
+    summary="Send a signal to a job (its ctx.wait_for_signal(name))",
+)
+async def signal_job(
+    job_id: UUID,
+    name: Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH)],
+    store: StoreDep,
+    metrics: MetricsDep,
+    body: Annotated[SignalIn | None, Body()] = None,
+) -> JSONResponse:
+    """The first signal of a name wins; a job suspended waiting for it runs again at once."""
+    payload_json = signal_payload_json(name, {} if body is None else body.payload)
+    outcome = await store.signal_job(job_id, name, payload_json)
+    if outcome == "unknown":
+        return not_found(job_id)
+    if outcome == "final":
+        detail = f"job {job_id} has ended: no signal can reach it"
+        return JSONResponse({"detail": detail}, status_code=409)
+    if outcome == "too_many":
+        detail = f"job {job_id} has received {MAX_SIGNALS_PER_JOB} signals, the most one job may"
+        return JSONResponse({"detail": detail}, status_code=409)
+    duplicate = outcome == "duplicate"
+    metrics.signals.labels("duplicate" if duplicate else "sent").inc()
+    answer = SignalOut(job_id=job_id, name=name, duplicate=duplicate)
+    return JSONResponse(answer.model_dump(mode="json"), status_code=200 if duplicate else 202)
 
 
 @router.post(

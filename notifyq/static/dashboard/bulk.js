@@ -15,7 +15,7 @@ const BULK_STEP = 500;
 const BULK_MAX_STEPS = 2000; // a million candidates: past that, the user asks again
 export const BULK_STATUSES = {
   retry: ["failed", "cancelled"],
-  cancel: ["waiting", "queued", "processing"],
+  cancel: ["waiting", "queued", "processing", "suspended"],
   delete: ["completed", "failed", "cancelled"],
 };
 const BULK_WORDS = { retry: "Retry", cancel: "Cancel", delete: "Delete" };

@@ -4,7 +4,7 @@ import { api, segment } from "./api.js";
 import { emit } from "./bus.js";
 import { trouble } from "./conn.js";
 import { $, h, setText } from "./dom.js";
-import { badge, barProgress, FINAL, firstLine, fmtAgo, fmtDuration, fmtInt, fmtProgress, fmtTime, json, progressBar, shortId, updateBar } from "./format.js";
+import { badge, barProgress, FINAL, firstLine, fmtAgo, fmtDuration, fmtInt, fmtProgress, fmtTime, json, progressBar, shortId, updateBar, waitsFor } from "./format.js";
 import { writeHash } from "./hash.js";
 import { groupTag, renderJobs } from "./jobs.js";
 import { actionFailed, confirmDialog, toast } from "./messages.js";
@@ -199,6 +199,7 @@ function detailParts(job) {
       timeField("Started", job.started_at),
       timeField("Finished", job.finished_at),
       job.status === "processing" ? timeField("Lease expires", job.lease_expires_at) : null,
+      job.status === "suspended" ? field("Waits for", waitsFor(job)) : null,
       job.cancel_requested_at ? timeField("Cancel asked", job.cancel_requested_at) : null,
     ),
     h("div", { class: "progress-box", data: { part: "progress" } }),
@@ -240,6 +241,9 @@ function timeline(job) {
   const errors = Array.isArray(job.errors) ? job.errors : [];
   for (const e of errors) add("attempt_failed", e.at, `Attempt ${e.attempt ?? "?"} failed${e.worker ? ` on ${e.worker}` : ""}`, e.error);
   add("started", job.started_at, `Attempt ${job.attempt_count} started${job.worker_id ? ` on ${job.worker_id}` : ""}`);
+  // A durable job's recorded steps (ctx.step), each when it finished, in their order.
+  for (const step of Array.isArray(job.steps) ? job.steps : []) add("step", step.finished_at, `Step ${step.name} done`);
+  if (job.status === "suspended") add("suspended", job.suspended_until ?? new Date().toISOString(), job.suspended_until ? "Runs again (suspended until)" : `Suspended: waits for signal ${job.waiting_for_signal}`);
   add("cancel_requested", job.cancel_requested_at, "Cancel requested");
   if (FINAL.has(job.status)) add("finished", job.finished_at, `Ended ${job.status}`);
   events.sort((a, b) => a.t - b.t);

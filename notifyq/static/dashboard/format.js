@@ -3,7 +3,7 @@
 
 import { h } from "./dom.js";
 
-export const STATUSES = ["waiting", "queued", "processing", "completed", "failed", "cancelled"];
+export const STATUSES = ["waiting", "queued", "processing", "suspended", "completed", "failed", "cancelled"];
 export const FINAL = new Set(["completed", "failed", "cancelled"]);
 
 
@@ -136,4 +136,11 @@ export function payloadProblem(text) {
   }
   if (value === null || typeof value !== "object" || Array.isArray(value)) return 'a JSON object, such as {"account": 42}';
   return null;
+}
+
+/** What a suspended job waits for: its signal (and until when), or the end of its sleep. */
+export function waitsFor(job) {
+  const until = job.suspended_until ? `until ${fmtTime(job.suspended_until)}` : "";
+  if (job.waiting_for_signal) return `signal ${job.waiting_for_signal}${until ? `, ${until}` : ""}`;
+  return until ? `sleeping ${until}` : "—";
 }

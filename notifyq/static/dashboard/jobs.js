@@ -5,7 +5,7 @@ import { updateBulkButtons } from "./bulk.js";
 import { emit } from "./bus.js";
 import { trouble } from "./conn.js";
 import { $, h, setText } from "./dom.js";
-import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, payloadProblem, progressBar, shortId } from "./format.js";
+import { badge, barProgress, firstLine, fmtAgo, fmtInt, fmtTime, json, payloadProblem, progressBar, shortId, waitsFor } from "./format.js";
 import { writeHash } from "./hash.js";
 import { actionFailed } from "./messages.js";
 import { MAX_LIVE_ROWS, PAGE_SIZE, state } from "./state.js";
@@ -110,7 +110,8 @@ function statusCell(td, job) {
 function updateJobRow(tr, job) {
   const label = shortId(job.job_id);
   const error = job.status === "failed" ? firstLine(job.error) : "";
-  const key = json([label, job.status, job.attempt_count, job.max_attempts, job.task, job.queue, job.group_key, job.progress, error]);
+  const waits = job.status === "suspended" ? waitsFor(job) : "";
+  const key = json([label, job.status, job.attempt_count, job.max_attempts, job.task, job.queue, job.group_key, job.progress, error, waits]);
   const cell = (col) => tr.querySelector(`[data-col="${col}"]`);
   if (tr.dataset.key !== key) {
     tr.dataset.key = key;
@@ -131,6 +132,7 @@ function updateJobRow(tr, job) {
     const preview = JSON.stringify(job.payload);
     cell("payload").replaceChildren(
       error ? h("span", { class: "row-error", title: job.error, text: error }) : "",
+      waits ? h("span", { class: "row-waits", text: `waits for ${waits}` }) : "",
       preview.length > 160 ? `${preview.slice(0, 160)}…` : preview,
     );
   }
