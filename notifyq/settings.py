@@ -34,8 +34,9 @@ def _split_commas(value: Any) -> Any:
     return value
 
 
-class Settings(BaseSettings):
-    """Everything a notifyq process can be told. Immutable; build it once with :meth:`load`."""
+class _DatabaseAndWorker(BaseSettings):
+    """The first half of :class:`Settings`: the database, the worker, retries and retention
+    (a class of its own only to keep each under 300 lines; Settings is the one to use)."""
 
     model_config = SettingsConfigDict(
         env_prefix="NOTIFYQ_", extra="ignore", frozen=True, populate_by_name=True
@@ -174,6 +175,13 @@ class Settings(BaseSettings):
         "archive (notifyq.jobs_archive, one partition a day, dropped whole once older than "
         "the longest NOTIFYQ_KEEP_*); unset or empty: no archive.",
     )
+
+
+class Settings(_DatabaseAndWorker):
+    """Everything a notifyq process can be told. Immutable; build it once with :meth:`load`.
+    Its fields from the database to retention are declared in :class:`_DatabaseAndWorker`; the
+    HTTP API's, the logs' and tracing's here."""
+
     api_token: SecretStr | None = Field(
         default=None,
         description="When set, every route but /health (and the docs and dashboard page) "
