@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,9 @@ import anyio
 import anyio.to_thread
 import psycopg
 from psycopg_pool import AsyncConnectionPool
+
+if sys.version_info < (3, 11):  # a builtin from 3.11; anyio installs the backport
+    from exceptiongroup import BaseExceptionGroup
 
 from notifyq.bootstrap import require_database
 from notifyq.db import connect_kwargs, listen_url, open_pool
@@ -219,7 +223,12 @@ class Queue:
             await asyncio.wait({ready, self._watching}, return_when=asyncio.FIRST_COMPLETED)
             if not ready.done():
                 failed, self._watching = self._watching, None
-                failed.result()  # raises why it could not start (the database is away, say)
+                # Raises why it could not start (the database is away, a pooler is in
+                # between), as itself rather than inside the task group's ExceptionGroup.
+                try:
+                    failed.result()
+                except BaseExceptionGroup as group:
+                    raise _sole_cause(group) from None
             self._watcher = watcher
             return watcher
 
@@ -229,3 +238,11 @@ class Queue:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, NotifyQError):
                 await task
+
+
+def _sole_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception a group holds (through nested groups), else the group itself."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    return group if isinstance(found, BaseExceptionGroup) else found
