@@ -30,9 +30,9 @@ from notifyq.models import (
     PRIORITY_RANGE,
     check_delay,
     check_job_ids,
+    check_key,
     check_name,
     check_run_at,
-    check_text,
     encode_json,
 )
 
@@ -85,12 +85,7 @@ def _integer(low: int, high: int, what: str) -> Callable[[str, Any], int]:
 
 def _key(longest: int) -> Callable[[str, Any], str]:
     def check(name: str, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise InvalidJob(f"{name} must be a non-empty string")
-        if len(value) > longest:
-            raise InvalidJob(f"{name} is longer than {longest} characters")
-        check_text(name, value)
-        return value
+        return check_key(name, value, longest)
 
     return check
 

@@ -182,10 +182,15 @@ def check_name(what: str, value: object) -> str:
     if type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and value.isascii():
         if "\x00" not in value:
             return value  # the common case, checked in one pass
+    return check_key(what, value, MAX_NAME_LENGTH)
+
+
+def check_key(what: str, value: object, longest: int) -> str:
+    """A non-empty string of at most ``longest`` characters that PostgreSQL's text can hold."""
     if not isinstance(value, str) or not value:
         raise InvalidJob(f"{what} must be a non-empty string")
-    if len(value) > MAX_NAME_LENGTH:
-        raise InvalidJob(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    if len(value) > longest:
+        raise InvalidJob(f"{what} is longer than {longest} characters")
     check_text(what, value)
     return value
 
