@@ -12,6 +12,7 @@ The tests of this that need no database are in tests/unit/test_bench_multihost.p
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,12 +51,18 @@ def _ours() -> tuple[list[str], str]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_small_multihost_run_measures_the_partition_and_leaves_nothing_behind(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     why = netns.unavailable()
     if why is not None:
         pytest.skip(f"the multihost scenario cannot run here: {why}")
-    before_pg = set(Path(tempfile.gettempdir()).glob("notifyq-bench-pg-*"))
+    # A temporary folder of this run's own, so another test's bench server (on another xdist
+    # process) is not counted as ours. The server's unprivileged account must pass through it,
+    # which pytest's 0700 tmp_path does not allow.
+    own_tmp = Path(tempfile.mkdtemp(prefix="notifyq-multihost-"))
+    own_tmp.chmod(0o711)
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     children = Children(tmp_path)
     results = Results()
     ctx = Context(
@@ -119,4 +126,4 @@ def test_a_small_multihost_run_measures_the_partition_and_leaves_nothing_behind(
     mine, bridges = _ours()
     assert mine == []
     assert f"nqb{os.getpid()}" not in bridges
-    assert set(Path(tempfile.gettempdir()).glob("notifyq-bench-pg-*")) == before_pg
+    assert sorted(p.name for p in own_tmp.iterdir()) == []
