@@ -38,11 +38,11 @@ KINDS: tuple[Kind, ...] = ("producer", "worker")
 #: The columns of notifyq.jobs a producer may name in an INSERT (the rest are the engine's).
 PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "dedup_key",
                     "max_attempts", "created_at", "depends_on", "group_key",
-                    "workflow_id", "trace_context")  # fmt: skip
+                    "workflow_id", "trace_context", "fair_key")  # fmt: skip
 #: Tables whose rows a worker (or the API) reads and writes.
 WORKER_TABLES = (
     "jobs", "jobs_done", "claim_floors", "tasks", "queues", "periodic_ticks", "waiting_workers",
-    "watched_jobs", "minute_stats", "job_steps", "job_signals",
+    "watched_jobs", "minute_stats", "job_steps", "job_signals", "fair_lanes", "fair_weights",
 )  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")
@@ -60,6 +60,13 @@ PRODUCER_FUNCTIONS = (
     "enqueue_many_v5(text[], jsonb[], text[], integer[], timestamptz[], float8[], text[], "
     "integer[], integer, text[], text[], uuid[], uuid[], jsonb, text[])",
     "job_v1(uuid)",
+    # sql/024: the enqueues that take a fair_key, on_conflict and debounce, and the read of a
+    # job that shows its fair_key.
+    "enqueue_v5(text, jsonb, text, integer, timestamptz, float8, text, integer, integer, uuid[], "
+    "text, uuid, uuid, jsonb, text, text, float8)",
+    "enqueue_many_v6(text[], jsonb[], text[], integer[], timestamptz[], float8[], text[], "
+    "integer[], integer, text[], text[], uuid[], uuid[], jsonb, text[], text[], text[], float8[])",
+    "job_v3(uuid)",
     # sql/023: a job's read with its steps, and sending a signal (a producer's act).
     "job_v2(uuid)",
     "signal(uuid, text, jsonb)",

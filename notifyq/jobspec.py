@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Annotated, Any, TypedDict, get_type_hints
+from typing import Annotated, Any, Literal, TypedDict, get_args, get_type_hints
 from uuid import UUID
 
 from notifyq.errors import InvalidJob
@@ -25,6 +25,7 @@ from notifyq.models import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_DELAY_SECONDS,
     MAX_DEPENDENCIES,
+    MAX_FAIR_KEY_LENGTH,
     MAX_GROUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
     PRIORITY_RANGE,
@@ -47,7 +48,7 @@ class Option:
     text (None: no flag), ``many`` makes the flag repeatable. ``sql`` is the type the enqueue
     statements cast the value to. ``plain`` says that a plain INSERT stores it (the statement
     ``enqueue_plain`` of sql/queries.sql); any other option sends the job through
-    ``notifyq.enqueue_v4``.
+    ``notifyq.enqueue_v5``.
     """
 
     doc: str
@@ -98,6 +99,16 @@ def _seconds(name: str, value: Any) -> float:
 
 def _when(name: str, value: Any) -> datetime:
     return check_run_at(value)
+
+
+#: What a submission does to a queued job of the same queue and dedup_key.
+OnConflict = Literal["keep_latest", "keep_first"]
+
+
+def _on_conflict(name: str, value: Any) -> str:
+    if value not in get_args(OnConflict):
+        raise InvalidJob(f"{name} must be one of {', '.join(get_args(OnConflict))}")
+    return str(value)
 
 
 def _ids(text: str) -> list[str]:
@@ -207,6 +218,43 @@ class JobOptions(TypedDict, total=False):
             sql="text",
         ),
     ]
+    fair_key: Annotated[
+        str | None,
+        Option(
+            "A tenant, a customer: within a queue and priority, claims go round-robin across "
+            "keys, so that one key's backlog delays another key's next job by about one job "
+            "of its own (weights: notifyq fair set). Jobs without one share one key.",
+            _key(MAX_FAIR_KEY_LENGTH),
+            api=str | None,
+            bounds={"min_length": 1, "max_length": MAX_FAIR_KEY_LENGTH, "strict": True},
+            sql="text",
+            plain=True,
+        ),
+    ]
+    on_conflict: Annotated[
+        OnConflict | None,
+        Option(
+            "What this submission does to a queued job with its dedup_key: keep_latest (the "
+            "default) gives that job this payload, priority, run_at and max_attempts; "
+            "keep_first leaves it as it is. Needs dedup_key.",
+            _on_conflict,
+            api=OnConflict | None,
+            sql="text",
+        ),
+    ]
+    debounce: Annotated[
+        float | timedelta | None,
+        Option(
+            "Run the job once no newer submission with its dedup_key came for this many "
+            "seconds: each one replaces the queued job and moves its start. Needs dedup_key; "
+            "exclusive with run_at, delay and keep_first.",
+            _seconds,
+            api=float | None,
+            bounds={"ge": 0, "le": MAX_DELAY_SECONDS, "allow_inf_nan": False, "strict": True},
+            sql="float8",
+            parse=float,
+        ),
+    ]
 
 
 @cache
@@ -232,6 +280,13 @@ def check_options(given: Mapping[str, Any]) -> dict[str, Any]:
             checked[name] = option.check(name, value)
     if "run_at" in checked and "delay" in checked:
         raise InvalidJob("give run_at or delay, not both")
+    for needs_key in ("on_conflict", "debounce"):
+        if needs_key in checked and "dedup_key" not in checked:
+            raise InvalidJob(f"{needs_key} needs a dedup_key")
+    if "debounce" in checked and (
+        "run_at" in checked or "delay" in checked or checked.get("on_conflict") == "keep_first"
+    ):
+        raise InvalidJob("debounce sets the start itself: give no run_at, delay or keep_first")
     return checked
 
 

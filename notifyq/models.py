@@ -29,6 +29,10 @@ MAX_DEPTH = 100
 MAX_DEPENDENCIES = 1000
 #: Longest group_key (the database's bound too).
 MAX_GROUP_KEY_LENGTH = 512
+MAX_FAIR_KEY_LENGTH = 512
+#: A fair key's weight (notifyq.fair_weights): its share of the claims beside a key of 1.
+MIN_FAIR_WEIGHT = 1.0
+MAX_FAIR_WEIGHT = 1000.0
 
 
 class JobStatus(str, Enum):
@@ -93,6 +97,8 @@ class Job:
     waiting_for_signal: str | None = None
     #: Its recorded steps (``ctx.step``), in the order they finished: (name, finished_at).
     steps: list[tuple[str, datetime]] = field(default_factory=list)
+    #: Its key for the fair claims (round-robin across the keys of a queue); None: none.
+    fair_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -506,6 +512,7 @@ class TaskRegistration:
     breaker_cooldown: float
     max_concurrency: int | None
     rate_limit: float | None
+    key_concurrency: int | None = None
 
 
 #: Largest payload of a signal, as JSON (the database's bound too).

@@ -45,6 +45,7 @@ class Task:
     breaker: CircuitBreaker | None = None
     max_concurrency: int | None = None
     rate_limit: float | None = None
+    key_concurrency: int | None = None
     cron: str | None = None
     cron_payload: dict[str, Any] = field(default_factory=dict)
     description: str = ""
@@ -68,6 +69,7 @@ class Task:
             "breaker": None if self.breaker is None else dataclasses.asdict(self.breaker),
             "max_concurrency": self.max_concurrency,
             "rate_limit": self.rate_limit,
+            "key_concurrency": self.key_concurrency,
             "cron": self.cron,
             "payload_schema": None
             if self.payload_model is None
@@ -131,6 +133,7 @@ def make_task(
     breaker: CircuitBreaker | None = None,
     max_concurrency: int | None = None,
     rate_limit: float | None = None,
+    key_concurrency: int | None = None,
     cron: str | None = None,
     cron_payload: dict[str, Any] | None = None,
 ) -> Task:
@@ -157,6 +160,7 @@ def make_task(
     positive("timeout", timeout)
     positive("max_concurrency", max_concurrency, whole=True)
     positive("rate_limit", rate_limit)
+    positive("key_concurrency", key_concurrency, whole=True)
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise TaskError(f"task {task_name!r}: priority must be an integer")
     if cron is not None:
@@ -173,6 +177,7 @@ def make_task(
         breaker=breaker,
         max_concurrency=max_concurrency,
         rate_limit=None if rate_limit is None else float(rate_limit),
+        key_concurrency=key_concurrency,
         cron=cron,
         cron_payload=dict(cron_payload or {}),
         description=(inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " "),
@@ -295,6 +300,7 @@ def task(
     breaker: CircuitBreaker | None = None,
     max_concurrency: int | None = None,
     rate_limit: float | None = None,
+    key_concurrency: int | None = None,
     cron: str | None = None,
     cron_payload: dict[str, Any] | None = None,
 ) -> Callable[[F], F]: ...
@@ -307,6 +313,8 @@ def task(fn_or_name: Any = None, /, **options: Any) -> Any:
       ``breaker`` (a :class:`CircuitBreaker`);
     - ``max_concurrency`` (jobs running at once) and ``rate_limit`` (jobs started per second),
       both across all workers;
+    - ``key_concurrency``: at most this many jobs of one ``fair_key`` running at once, across
+      all workers (jobs without a key are not limited by it);
     - ``cron`` (five fields, UTC) and ``cron_payload``: enqueue a job every tick.
 
     The function is returned unchanged, so it can still be called directly."""

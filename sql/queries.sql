@@ -17,8 +17,9 @@ WITH input AS MATERIALIZED (
                     pg_catalog.now() + pg_catalog.make_interval(secs => %(delay)s::float8))
                AS run_at
 ), inserted AS (
-    INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
-    SELECT i.id, d.task, %(payload)s::jsonb, d.queue, d.priority, i.run_at, d.max_attempts
+    INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts, fair_key)
+    SELECT i.id, d.task, %(payload)s::jsonb, d.queue, d.priority, i.run_at, d.max_attempts,
+           %(fair_key)s::text
     FROM input AS i,
          notifyq.job_defaults_v1(ARRAY[%(task)s::text], ARRAY[NULL::jsonb],
                                  ARRAY[%(queue)s::text], ARRAY[%(priority)s::integer],
@@ -41,14 +42,15 @@ WITH input AS MATERIALIZED (
     -- ROWS FROM: a qualified unnest() takes one array (the many-array form is syntax).
     FROM ROWS FROM (pg_catalog.unnest(%(payloads)b::jsonb[]),
                     pg_catalog.unnest(%(run_at)b::timestamptz[]),
-                    pg_catalog.unnest(%(delay)b::float8[])) WITH ORDINALITY
-         AS u(payload, run_at, delay, ord)
+                    pg_catalog.unnest(%(delay)b::float8[]),
+                    pg_catalog.unnest(%(fair_key)b::text[])) WITH ORDINALITY
+         AS u(payload, run_at, delay, fair_key, ord)
 ), inserted AS (
-    INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts)
+    INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts, fair_key)
     SELECT i.id, d.task, i.payload, d.queue, d.priority,
            coalesce(i.run_at,
                     pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(i.delay, 0))),
-           d.max_attempts
+           d.max_attempts, i.fair_key
     FROM input AS i
     JOIN notifyq.job_defaults_v1(%(tasks)b::text[], NULL, %(queue)b::text[],
                                  %(priority)b::integer[], %(max_attempts)b::integer[],
@@ -59,38 +61,40 @@ SELECT pg_catalog.now(), (SELECT pg_catalog.count(*) FROM inserted),
        (SELECT pg_catalog.array_agg(id ORDER BY ord) FROM input)
 
 -- With a dedup_key, a task to take from the payload, dependencies, a group, a workflow, an id
--- of its own or a trace context: notifyq.enqueue_v4 (sql/007) applies the duplicate rule and the
+-- of its own or a trace context: notifyq.enqueue_v5 (sql/024) applies the duplicate rule and the
 -- defaults.
 -- name: enqueue
 SELECT job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_v4(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
+FROM notifyq.enqueue_v5(%(task)s::text, %(payload)s::jsonb, %(queue)s::text,
                         %(priority)s::integer, %(run_at)s::timestamptz, %(delay)s::float8,
                         %(dedup_key)s::text, %(max_attempts)s::integer, %(fallback)s::integer,
                         %(depends_on)s::uuid[], %(group_key)s::text, %(workflow_id)s::uuid,
-                        %(id)s::uuid, %(trace_context)s::jsonb)
+                        %(id)s::uuid, %(trace_context)s::jsonb, %(fair_key)s::text,
+                        %(on_conflict)s::text, %(debounce)s::float8)
 
--- A batch of such jobs: notifyq.enqueue_many_v5 (sql/018). Each job's depends_on goes as the
+-- A batch of such jobs: notifyq.enqueue_many_v6 (sql/024). Each job's depends_on goes as the
 -- text of an array ('{}' for none): an array of arrays must be rectangular. One trace context (or
 -- NULL) for the whole batch. The refs of a workflow's jobs, or one NULL.
 -- name: enqueue_many
 SELECT ord, job_id, duplicate, status, run_at, created_at
-FROM notifyq.enqueue_many_v5(
+FROM notifyq.enqueue_many_v6(
     %(tasks)b::text[], %(payloads)b::jsonb[], %(queue)b::text[], %(priority)b::integer[],
     %(run_at)b::timestamptz[], %(delay)b::float8[], %(dedup_key)b::text[],
     %(max_attempts)b::integer[], %(fallback)s::integer, %(depends_on)b::text[],
     %(group_key)b::text[], %(workflow_ids)b::uuid[], %(ids)b::uuid[],
-    %(trace_context)s::jsonb, %(refs)b::text[])
+    %(trace_context)s::jsonb, %(refs)b::text[], %(fair_key)b::text[], %(on_conflict)b::text[],
+    %(debounce)b::float8[])
 ORDER BY ord
 
 -- A job by its id, live, finished or archived, with what a suspended job waits for and its steps
--- (sql/023) in the order they finished (notifyq.job_v2: the read a producer, which may not read
--- the tables, is granted).
+-- (sql/023) in the order they finished, and its fair_key (sql/024) (notifyq.job_v3: the read a
+-- producer, which may not read the tables, is granted).
 -- name: get_job
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
-       archived, suspended_until, waiting_for_signal, step_names, step_times
-FROM notifyq.job_v2(%(id)s::uuid);
+       archived, suspended_until, waiting_for_signal, step_names, step_times, fair_key
+FROM notifyq.job_v3(%(id)s::uuid);
 
 -- See notifyq.claim_v4 (sql/007): with the results of the jobs each depends on, and the trace
 -- context each was enqueued in.
@@ -180,11 +184,34 @@ SELECT notifyq.seal_floors_v1();
 -- name: mend_floors
 SELECT notifyq.mend_floors_v1();
 
+-- The leader's care of the fair lanes (sql/024): answers the lanes opened.
+-- name: tend_lanes
+SELECT notifyq.tend_lanes_v1();
+
+-- name: mend_lanes
+SELECT notifyq.mend_lanes_v1();
+
+-- The keys with the most jobs queued or running (notifyq.fair_keys_v1, sql/024).
+-- name: fair_keys
+SELECT queue, fair_key, queued, running, weight FROM notifyq.fair_keys_v1(%(limit)s);
+
+-- A key's weight in the fair claims (sql/024): set, removed (back to 1), listed.
+-- name: set_fair_weight
+INSERT INTO notifyq.fair_weights (fair_key, weight) VALUES (%(fair_key)s, %(weight)s)
+ON CONFLICT (fair_key) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now();
+
+-- name: unset_fair_weight
+DELETE FROM notifyq.fair_weights WHERE fair_key = %(fair_key)s;
+
+-- name: fair_weights
+SELECT fair_key, weight, updated_at FROM notifyq.fair_weights
+ORDER BY weight DESC, fair_key LIMIT %(limit)s;
+
 -- name: register_task
-SELECT notifyq.register_task_v1(
+SELECT notifyq.register_task_v2(
     %(name)s, %(max_attempts)s::integer, %(options)s::jsonb, %(breaker_threshold)s::integer,
     %(breaker_cooldown)s::float8, %(max_concurrency)s::integer, %(rate_limit)s::float8,
-    %(rate_burst)s::float8);
+    %(rate_burst)s::float8, %(key_concurrency)s::integer);
 
 -- A half-open breaker lets one probe through (see notifyq.take_probes_v1).
 -- name: take_breaker_probes
@@ -207,7 +234,7 @@ ORDER BY name;
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        lease_expires_at, cancel_requested_at, depends_on, group_key, workflow_id, progress, ref,
-       suspended_until, waiting_for_signal
+       suspended_until, waiting_for_signal, fair_key
 FROM (
     SELECT * FROM ONLY notifyq.jobs
     WHERE (%(status)s::text IS NULL
@@ -469,7 +496,7 @@ SELECT notifyq.archive_drop_v1(%(keep)s::float8);
 SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
        dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
        NULL::timestamptz AS lease_expires_at, cancel_requested_at, depends_on, group_key,
-       workflow_id, progress, ref, true AS archived
+       workflow_id, progress, ref, true AS archived, fair_key
 FROM notifyq.archived_jobs_v1(%(id)s::uuid, NULL);
 
 -- name: prune_ticks

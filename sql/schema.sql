@@ -294,17 +294,17 @@ BEGIN
                   j.attempt_count, j.max_attempts, j.dedup_key, j.result, j.last_error,
                   j.errors, j.created_at, j.started_at, j.finished_at, j.worker_id,
                   j.cancel_requested_at, j.claims, j.lost_count, j.depends_on, j.group_key,
-                  j.workflow_id, j.progress, j.trace_context, j.ref
+                  j.workflow_id, j.progress, j.trace_context, j.ref, j.fair_key
     )
     INSERT INTO notifyq.jobs_archive
         (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
          dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
          cancel_requested_at, claims, lost_count, depends_on, group_key, workflow_id, progress,
-         trace_context, ref)
+         trace_context, ref, fair_key)
     SELECT id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
            dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
            cancel_requested_at, claims, lost_count, depends_on, group_key, workflow_id, progress,
-           trace_context, ref
+           trace_context, ref, fair_key
     FROM moved;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     RETURN v_moved;
@@ -341,6 +341,7 @@ CREATE TABLE notifyq.jobs_archive (
     trace_context jsonb,
     archived_at timestamp with time zone DEFAULT now() NOT NULL,
     ref text,
+    fair_key text,
     CONSTRAINT jobs_archive_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
 )
 PARTITION BY RANGE (finished_at);
@@ -473,6 +474,294 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.claim_fair_v1(p_queue text, p_priority integer, p_floor_run_at timestamp with time zone, p_floor_id uuid, p_tasks text[], p_skip text[], p_limit integer) RETURNS uuid[]
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_ids uuid[] := '{}';
+    v_tried text[] := '{}';
+    v_waited boolean := false;
+    v_horizon float8;
+    v_low float8;
+    v_keys text[];
+    v_starts float8[];
+    v_weights float8[];
+    v_mine boolean[];
+    v_took integer[];
+    v_dry boolean[];
+    v_left integer;
+    v_round record;
+    v_lane record;
+    v_at integer;
+    v_kc_tasks text[];
+    v_kc_limits integer[];
+    v_not text[];
+    v_started jsonb := '{}';
+    v_pair text;
+    v_room integer;
+    v_more uuid[];
+    v_batch integer;
+    v_moved text[];
+    v_turns float8[];
+    v_empty text[];
+BEGIN
+    SELECT array_agg(t.name), array_agg(t.key_concurrency) INTO v_kc_tasks, v_kc_limits
+    FROM notifyq.tasks AS t
+    WHERE t.name = ANY(p_tasks) AND t.key_concurrency IS NOT NULL AND t.name <> ALL(p_skip);
+    v_not := p_skip || coalesce(v_kc_tasks, '{}');
+
+    LOOP
+        -- The lanes in line and those of them this claim holds, lowest turn first (held ones
+        -- first at a tie); a new lane's turn is set below.
+        WITH line AS (
+            SELECT l.fair_key, l.turn, l.served_at FROM notifyq.fair_lanes AS l
+            WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
+              AND l.fair_key <> ALL(v_tried)
+            ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
+            LIMIT p_limit
+        ), held AS (
+            SELECT l.fair_key, l.turn, l.served_at FROM notifyq.fair_lanes AS l
+            WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
+              AND l.fair_key <> ALL(v_tried)
+            ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
+            LIMIT p_limit
+            FOR NO KEY UPDATE OF l SKIP LOCKED
+        ), lanes AS (
+            SELECT h.fair_key, h.turn, h.served_at, true AS mine FROM held AS h
+            UNION ALL
+            SELECT i.fair_key, i.turn, i.served_at, false FROM line AS i
+            WHERE i.fair_key NOT IN (SELECT h.fair_key FROM held AS h)
+        )
+        SELECT array_agg(s.fair_key ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST,
+                                             s.mine DESC, s.fair_key),
+               array_agg(s.turn ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST,
+                                         s.mine DESC, s.fair_key),
+               array_agg(coalesce(w.weight, 1)
+                         ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST, s.mine DESC,
+                                  s.fair_key),
+               array_agg(s.mine ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST,
+                                         s.mine DESC, s.fair_key)
+        INTO v_keys, v_starts, v_weights, v_mine
+        FROM lanes AS s
+        LEFT JOIN notifyq.fair_weights AS w ON w.fair_key = s.fair_key;
+        EXIT WHEN v_keys IS NULL;
+        IF true <> ALL(v_mine) THEN
+            -- Every lane in line is another claim's now: wait for the first, then look again
+            -- (once: a claim that still holds none leaves the level to the others).
+            EXIT WHEN v_waited OR cardinality(v_tried) > 0;
+            PERFORM 1 FROM notifyq.fair_lanes AS l
+            WHERE l.queue = p_queue AND l.priority = p_priority AND l.fair_key = v_keys[1]
+            FOR NO KEY UPDATE;
+            v_waited := true;
+            CONTINUE;
+        END IF;
+        IF array_position(v_starts, NULL) IS NOT NULL THEN
+            -- A new lane starts level with the lowest turn of the open lanes: the first of
+            -- those in line that has one (they come lowest first), else the level's.
+            IF v_low IS NULL THEN
+                v_low := (SELECT min(t) FROM unnest(v_starts) AS t);
+                IF v_low IS NULL THEN
+                    SELECT min(l.turn) INTO v_low FROM notifyq.fair_lanes AS l
+                    WHERE l.queue = p_queue AND l.priority = p_priority
+                      AND l.idle_since IS NULL;
+                END IF;
+                v_low := coalesce(v_low, 0);
+            END IF;
+            v_starts := ARRAY(SELECT coalesce(t, v_low)
+                              FROM unnest(v_starts) WITH ORDINALITY AS u(t, o) ORDER BY o);
+        END IF;
+        IF false = ANY(v_mine) THEN
+            -- The turn the lanes other claims hold reach while those claims take their jobs.
+            v_horizon := least(v_horizon, (
+                SELECT max(s.t) FROM (
+                    SELECT l.start + g.i / l.weight AS t
+                    FROM unnest(v_starts, v_weights, v_mine) AS l(start, weight, mine)
+                    CROSS JOIN LATERAL generate_series(0, p_limit) AS g(i)
+                    WHERE NOT l.mine
+                    ORDER BY 1
+                    LIMIT p_limit + 1) AS s));
+        END IF;
+        v_batch := cardinality(v_keys);
+        v_tried := v_tried || v_keys;
+        v_took := array_fill(0, ARRAY[v_batch]);
+        v_dry := array_fill(false, ARRAY[v_batch]);
+
+        FOR v_r IN 1..v_batch LOOP
+            v_left := p_limit - cardinality(v_ids);
+            -- One round, one statement: each held lane's share (the v_left lowest turns, ranked
+            -- only below where the shares end: the level the turns would reach were the jobs
+            -- left poured over every lane at once, above the true one, and never later than
+            -- the last job the lane first in line would give alone), its jobs locked, and what
+            -- each lane gave; a lane that gave less than its share is dry for this claim.
+            WITH lanes AS (
+                SELECT l.fair_key, l.start, l.weight, l.took, l.o
+                FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry, v_mine) WITH ORDINALITY
+                     AS l(fair_key, start, weight, took, dry, mine, o)
+                WHERE l.mine AND NOT l.dry
+            ), edge AS (
+                SELECT least(min(l.start + (l.took + v_left - 1) / l.weight),
+                             (v_left + sum(l.took + l.start * l.weight)) / sum(l.weight) + 1)
+                       AS e
+                FROM lanes AS l
+            ), ask AS (
+                SELECT s.fair_key, count(*)::integer AS n
+                FROM (SELECT l.fair_key
+                      FROM lanes AS l
+                      CROSS JOIN edge
+                      CROSS JOIN LATERAL generate_series(
+                          0, least(v_left - 1,
+                                   greatest(floor((edge.e - l.start) * l.weight) - l.took, 0)
+                                   ::integer + 1)) AS g(i)
+                      WHERE v_horizon IS NULL
+                         OR l.start + (l.took + g.i) / l.weight < v_horizon
+                      ORDER BY l.start + (l.took + g.i) / l.weight, l.o
+                      LIMIT v_left) AS s
+                GROUP BY s.fair_key
+            ), got AS (
+                SELECT c.id, a.fair_key
+                FROM ask AS a
+                CROSS JOIN LATERAL (
+                    SELECT j.id FROM ONLY notifyq.jobs AS j
+                    WHERE j.queue = p_queue AND j.priority = p_priority
+                      AND j.fair_key = a.fair_key
+                      AND (j.run_at, j.id) >= (p_floor_run_at, p_floor_id)
+                      AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+                      AND j.id <> ALL(v_ids)
+                      AND j.task = ANY(p_tasks) AND j.task <> ALL(v_not)
+                    ORDER BY j.run_at, j.id
+                    LIMIT a.n
+                    FOR NO KEY UPDATE SKIP LOCKED) AS c
+                WHERE a.fair_key <> ''
+                UNION ALL
+                SELECT c.id, a.fair_key
+                FROM ask AS a
+                CROSS JOIN LATERAL (
+                    SELECT j.id FROM ONLY notifyq.jobs AS j
+                    WHERE j.queue = p_queue AND j.priority = p_priority
+                      AND (j.run_at, j.id) >= (p_floor_run_at, p_floor_id)
+                      AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+                      AND j.id <> ALL(v_ids)
+                      AND j.fair_key IS NULL
+                      AND j.task = ANY(p_tasks) AND j.task <> ALL(p_skip)
+                    ORDER BY j.run_at, j.id
+                    LIMIT a.n
+                    FOR NO KEY UPDATE SKIP LOCKED) AS c
+                WHERE a.fair_key = ''
+            ), gave AS (
+                SELECT a.fair_key, a.n AS asked, count(g.id)::integer AS n
+                FROM ask AS a
+                LEFT JOIN got AS g ON g.fair_key = a.fair_key
+                GROUP BY a.fair_key, a.n
+            )
+            SELECT (SELECT array_agg(g.id) FROM got AS g) AS ids,
+                   (SELECT array_agg(v.fair_key) FROM gave AS v WHERE v.n < v.asked) AS short_keys,
+                   (SELECT array_agg(v.asked - v.n) FROM gave AS v WHERE v.n < v.asked)
+                       AS short_ns,
+                   (SELECT array_agg(l.took + coalesce(v.n, 0) ORDER BY l.o)
+                    FROM unnest(v_keys, v_took) WITH ORDINALITY AS l(fair_key, took, o)
+                    LEFT JOIN gave AS v ON v.fair_key = l.fair_key) AS took,
+                   (SELECT array_agg(l.dry OR coalesce(v.n < v.asked, false) ORDER BY l.o)
+                    FROM unnest(v_keys, v_dry) WITH ORDINALITY AS l(fair_key, dry, o)
+                    LEFT JOIN gave AS v ON v.fair_key = l.fair_key) AS dry,
+                   EXISTS (SELECT 1 FROM ask) AS asked
+            INTO v_round;
+            EXIT WHEN NOT v_round.asked;
+            v_ids := v_ids || coalesce(v_round.ids, '{}');
+            v_took := v_round.took;
+            v_dry := v_round.dry;
+
+            IF v_kc_tasks IS NOT NULL AND v_round.short_keys IS NOT NULL THEN
+                -- What each keyed lane still owes of its share, from its key-limited tasks.
+                FOR v_lane IN
+                    SELECT k.fair_key, k.need
+                    FROM unnest(v_round.short_keys, v_round.short_ns) AS k(fair_key, need)
+                    WHERE k.fair_key <> ''
+                LOOP
+                    v_at := array_position(v_keys, v_lane.fair_key);
+                    FOR v_i IN 1..cardinality(v_kc_tasks) LOOP
+                        EXIT WHEN v_lane.need <= 0;
+                        v_pair := v_kc_tasks[v_i] || E'\x1f' || v_lane.fair_key;
+                        CONTINUE WHEN NOT pg_try_advisory_xact_lock(
+                            hashtextextended('notifyq.key_concurrency' || E'\x1f' || v_pair, 0));
+                        v_room := v_kc_limits[v_i] - coalesce((v_started ->> v_pair)::integer, 0)
+                                  - (SELECT count(*) FROM ONLY notifyq.jobs AS j
+                                     WHERE j.status = 'processing' AND j.task = v_kc_tasks[v_i]
+                                       AND j.fair_key = v_lane.fair_key)::integer;
+                        CONTINUE WHEN v_room <= 0;
+                        v_more := ARRAY(
+                            SELECT j.id FROM ONLY notifyq.jobs AS j
+                            WHERE j.queue = p_queue AND j.priority = p_priority
+                              AND j.fair_key = v_lane.fair_key
+                              AND (j.run_at, j.id) >= (p_floor_run_at, p_floor_id)
+                              AND j.status = 'queued' AND NOT j.group_blocked
+                              AND j.run_at <= now() AND j.task = v_kc_tasks[v_i]
+                              AND j.id <> ALL(v_ids)
+                            ORDER BY j.run_at, j.id
+                            LIMIT least(v_room, v_lane.need)
+                            FOR NO KEY UPDATE SKIP LOCKED);
+                        IF cardinality(v_more) > 0 THEN
+                            v_ids := v_ids || v_more;
+                            v_took[v_at] := v_took[v_at] + cardinality(v_more);
+                            v_started := v_started || jsonb_build_object(
+                                v_pair, coalesce((v_started ->> v_pair)::integer, 0)
+                                        + cardinality(v_more));
+                            v_lane.need := v_lane.need - cardinality(v_more);
+                        END IF;
+                    END LOOP;
+                    IF v_lane.need <= 0 THEN
+                        -- Its share made up: the lane is not dry.
+                        v_dry[v_at] := false;
+                    END IF;
+                END LOOP;
+            END IF;
+            EXIT WHEN cardinality(v_ids) >= p_limit
+                   OR NOT EXISTS (SELECT 1 FROM unnest(v_mine, v_dry) AS m(mine, dry)
+                                  WHERE m.mine AND NOT m.dry);
+        END LOOP;
+
+        -- The held lanes' turns move on by what each gave; one that gave nothing goes to the
+        -- back of its level (the highest turn there), or becomes idle if it has nothing queued
+        -- at all. (The rows are found by key and their values by place in the arrays: a join
+        -- with the arrays was planned as a loop over them for every lane of the level.)
+        SELECT array_agg(k.fair_key),
+               array_agg(CASE WHEN k.took > 0 THEN k.start + k.took / k.weight
+                              ELSE greatest((SELECT max(l.turn) FROM notifyq.fair_lanes AS l
+                                             WHERE l.queue = p_queue
+                                               AND l.priority = p_priority
+                                               AND l.idle_since IS NULL), k.start) END),
+               array_agg(k.fair_key) FILTER (WHERE k.took = 0)
+        INTO v_moved, v_turns, v_empty
+        FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry, v_mine)
+             AS k(fair_key, start, weight, took, dry, mine)
+        WHERE k.mine AND (k.took > 0 OR k.dry);
+        IF v_moved IS NOT NULL THEN
+            UPDATE notifyq.fair_lanes AS l
+            SET turn = v_turns[array_position(v_moved, l.fair_key)],
+                served_at = CASE WHEN l.fair_key = ANY(coalesce(v_empty, '{}')) THEN l.served_at
+                                 ELSE now() END,
+                idle_since = CASE
+                    WHEN l.fair_key <> ALL(coalesce(v_empty, '{}')) THEN NULL
+                    WHEN l.fair_key <> '' AND NOT EXISTS (
+                        SELECT 1 FROM ONLY notifyq.jobs AS j
+                        WHERE j.queue = p_queue AND j.priority = p_priority
+                          AND j.fair_key = l.fair_key
+                          AND j.status = 'queued' AND NOT j.group_blocked) THEN now()
+                    WHEN l.fair_key = '' AND NOT EXISTS (
+                        SELECT 1 FROM ONLY notifyq.jobs AS j
+                        WHERE j.queue = p_queue AND j.priority = p_priority
+                          AND (j.run_at, j.id) >= (p_floor_run_at, p_floor_id)
+                          AND j.status = 'queued' AND NOT j.group_blocked
+                          AND j.fair_key IS NULL) THEN now()
+                    END
+            WHERE l.queue = p_queue AND l.priority = p_priority AND l.fair_key = ANY(v_moved);
+        END IF;
+        EXIT WHEN cardinality(v_ids) >= p_limit OR v_batch < p_limit;
+    END LOOP;
+    RETURN v_ids;
+END;
+$$;
+
 CREATE FUNCTION notifyq.claim_limited_v4(p_worker_id text, p_tasks text[], p_queues text[], p_limit integer, p_lease double precision) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, priority integer, attempt_count integer, max_attempts integer, claims integer, created_at double precision, run_at double precision, dependencies jsonb, trace_context jsonb)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -486,6 +775,11 @@ DECLARE
     v_task_room jsonb := '{}'::jsonb;
     v_queue_room jsonb := '{}'::jsonb;
     v_ids uuid[] := '{}';
+    v_key_limits jsonb := coalesce(
+        (SELECT jsonb_object_agg(t.name, t.key_concurrency) FROM notifyq.tasks AS t
+         WHERE t.name = ANY(p_tasks) AND t.key_concurrency IS NOT NULL), '{}');
+    v_key_room jsonb := '{}';
+    v_pair text;
 BEGIN
     FOR r IN
         SELECT t.name, t.max_concurrency, t.rate_limit, t.rate_tokens, t.rate_refilled_at,
@@ -534,10 +828,10 @@ BEGIN
     END IF;
 
     FOR r IN
-        SELECT c.id, c.task, c.queue
+        SELECT c.id, c.task, c.queue, c.fair_key
         FROM notifyq.claim_floors AS f
         CROSS JOIN LATERAL (
-            SELECT j.id, j.task, j.queue, j.priority, j.run_at
+            SELECT j.id, j.task, j.queue, j.priority, j.run_at, j.fair_key
             FROM ONLY notifyq.jobs AS j
             WHERE j.queue = f.queue AND j.priority = f.priority
               AND (j.run_at, j.id) >= (f.run_at, f.id)
@@ -558,6 +852,23 @@ BEGIN
     LOOP
         CONTINUE WHEN v_task_room ? r.task AND (v_task_room ->> r.task)::integer <= 0;
         CONTINUE WHEN v_queue_room ? r.queue AND (v_queue_room ->> r.queue)::integer <= 0;
+        IF r.fair_key IS NOT NULL AND v_key_limits ? r.task THEN
+            -- key_concurrency, counted as claim_fair_v1 counts it.
+            v_pair := r.task || E'\x1f' || r.fair_key;
+            IF NOT v_key_room ? v_pair THEN
+                v_key_room := v_key_room || jsonb_build_object(v_pair,
+                    CASE WHEN pg_try_advisory_xact_lock(hashtextextended(
+                                  'notifyq.key_concurrency' || E'\x1f' || v_pair, 0))
+                         THEN (v_key_limits ->> r.task)::integer
+                              - (SELECT count(*) FROM ONLY notifyq.jobs AS j
+                                 WHERE j.status = 'processing' AND j.task = r.task
+                                   AND j.fair_key = r.fair_key)::integer
+                         ELSE 0 END);
+            END IF;
+            CONTINUE WHEN (v_key_room ->> v_pair)::integer <= 0;
+            v_key_room := jsonb_set(v_key_room, ARRAY[v_pair],
+                                    to_jsonb((v_key_room ->> v_pair)::integer - 1));
+        END IF;
         IF v_task_room ? r.task THEN
             v_task_room := jsonb_set(v_task_room, ARRAY[r.task],
                                      to_jsonb((v_task_room ->> r.task)::integer - 1));
@@ -603,12 +914,16 @@ DECLARE
     v_ids uuid[] := ARRAY[]::uuid[];
     v_left integer := p_limit;
     v_priority integer;
+    v_fair boolean := EXISTS (SELECT 1 FROM notifyq.fair_lanes);
+    v_skip text[];
+    v_fq text[];
+    v_frun timestamptz[];
+    v_fid uuid[];
+    v_share integer;
+    v_pass integer;
 BEGIN
     -- Suspended jobs whose time has come (a sleep over, a signal's wait timed out) become
-    -- queued here, in the statement of the claim that takes them: nothing else polls for them,
-    -- and the worker's sleep ends at the earliest of them (next_due_v3). The look for one is a
-    -- probe of an index that holds suspended jobs only. A resumed job whose dedup_key a queued
-    -- job took meanwhile waits for that one to start (the unique index would refuse it).
+    -- queued here, in the statement of the claim that takes them (sql/023).
     IF EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS s
                WHERE s.status = 'suspended' AND s.suspended_until <= now()) THEN
         UPDATE ONLY notifyq.jobs AS j
@@ -626,36 +941,76 @@ BEGIN
             LIMIT p_limit
             FOR NO KEY UPDATE SKIP LOCKED);
     END IF;
+    IF v_fair THEN
+        v_skip := ARRAY(SELECT t.name FROM notifyq.tasks AS t
+                        WHERE (NOT p_probe AND t.breaker_open_until IS NOT NULL)
+                           OR t.max_concurrency IS NOT NULL OR t.rate_limit IS NOT NULL);
+    END IF;
     FOR v_priority IN
         SELECT DISTINCT f.priority FROM notifyq.claim_floors AS f
         WHERE p_queues IS NULL OR f.queue = ANY(p_queues)
         ORDER BY 1 DESC
     LOOP
-        v_ids := v_ids || ARRAY(
-            SELECT c.id
+        v_fq := NULL;
+        IF v_fair THEN
+            SELECT array_agg(f.queue ORDER BY f.queue), array_agg(f.run_at ORDER BY f.queue),
+                   array_agg(f.id ORDER BY f.queue)
+            INTO v_fq, v_frun, v_fid
             FROM notifyq.claim_floors AS f
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.run_at
-                FROM ONLY notifyq.jobs AS j
-                WHERE j.queue = f.queue AND j.priority = f.priority
-                  AND (j.run_at, j.id) >= (f.run_at, f.id)
-                  AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
-                  AND j.task = ANY(p_tasks)
-                  AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                                 WHERE t.breaker_open_until IS NOT NULL))
-                  AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
-                                     WHERE t.max_concurrency IS NOT NULL
-                                        OR t.rate_limit IS NOT NULL)
-                ORDER BY j.run_at, j.id
-                LIMIT v_left
-                FOR NO KEY UPDATE SKIP LOCKED) AS c
             WHERE f.priority = v_priority
               AND (p_queues IS NULL OR f.queue = ANY(p_queues))
               AND f.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
                                   WHERE q.paused OR q.rate_limit IS NOT NULL)
-            ORDER BY c.run_at, c.id
-            LIMIT v_left);
-        v_left := p_limit - cardinality(v_ids);
+              AND EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l
+                          WHERE l.queue = f.queue AND l.priority = f.priority
+                            AND l.idle_since IS NULL);
+        END IF;
+        -- Two passes when fair levels share the priority: the levels without lanes first take
+        -- one share, the fair ones theirs, then the first what the fair ones left.
+        FOR v_pass IN 1..CASE WHEN v_fq IS NULL THEN 1 ELSE 2 END LOOP
+            v_share := CASE WHEN v_fq IS NULL OR v_pass = 2 THEN v_left
+                            ELSE greatest(v_left / (cardinality(v_fq) + 1), 1) END;
+            EXIT WHEN v_share <= 0;
+            v_ids := v_ids || ARRAY(
+                SELECT c.id
+                FROM notifyq.claim_floors AS f
+                CROSS JOIN LATERAL (
+                    SELECT j.id, j.run_at
+                    FROM ONLY notifyq.jobs AS j
+                    WHERE j.queue = f.queue AND j.priority = f.priority
+                      AND (j.run_at, j.id) >= (f.run_at, f.id)
+                      AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
+                      AND j.task = ANY(p_tasks)
+                      AND (p_probe OR j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                                     WHERE t.breaker_open_until IS NOT NULL))
+                      AND j.task NOT IN (SELECT t.name FROM notifyq.tasks AS t
+                                         WHERE t.max_concurrency IS NOT NULL
+                                            OR t.rate_limit IS NOT NULL)
+                      AND j.fair_key IS NULL
+                      AND j.id <> ALL(v_ids)
+                    ORDER BY j.run_at, j.id
+                    LIMIT v_share
+                    FOR NO KEY UPDATE SKIP LOCKED) AS c
+                WHERE f.priority = v_priority
+                  AND (p_queues IS NULL OR f.queue = ANY(p_queues))
+                  AND f.queue NOT IN (SELECT q.name FROM notifyq.queues AS q
+                                      WHERE q.paused OR q.rate_limit IS NOT NULL)
+                  AND (NOT v_fair
+                       OR NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l
+                                      WHERE l.queue = f.queue AND l.priority = f.priority))
+                ORDER BY c.run_at, c.id
+                LIMIT v_share);
+            v_left := p_limit - cardinality(v_ids);
+            EXIT WHEN v_left <= 0 OR v_pass = 2 OR v_fq IS NULL;
+            FOR v_i IN 1..cardinality(v_fq) LOOP
+                EXIT WHEN v_left <= 0;
+                v_ids := v_ids || notifyq.claim_fair_v1(
+                    v_fq[v_i], v_priority, v_frun[v_i], v_fid[v_i],
+                    p_tasks, v_skip,
+                    ceil(v_left::float8 / (cardinality(v_fq) - v_i + 1))::integer);
+                v_left := p_limit - cardinality(v_ids);
+            END LOOP;
+        END LOOP;
         EXIT WHEN v_left <= 0;
     END LOOP;
     IF cardinality(v_ids) = 0 THEN
@@ -819,23 +1174,25 @@ BEGIN
         (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
          dedup_key, result, last_error, errors, created_at, started_at, finished_at, worker_id,
          lease_expires_at, cancel_requested_at, claims, heartbeat_at, lost_count, depends_on,
-         workflow_id, group_key, group_seq, group_blocked, progress, trace_context, ref)
+         workflow_id, group_key, group_seq, group_blocked, progress, trace_context, ref,
+         fair_key)
     SELECT id, task, queue, payload, final, priority, run_at, attempt_count, max_attempts,
            dedup_key, result, last_error, errors, created_at, started_at,
            coalesce(finished_at, now()), worker_id, NULL, cancel_requested_at, claims,
            heartbeat_at, lost_count, depends_on, workflow_id, group_key, group_seq, false,
-           progress, trace_context, ref
+           progress, trace_context, ref, fair_key
     FROM ended;
 END;
 $$;
 
-CREATE FUNCTION notifyq.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT NULL::text, priority integer DEFAULT NULL::integer, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, depends_on uuid[] DEFAULT NULL::uuid[], group_key text DEFAULT NULL::text) RETURNS uuid
+CREATE FUNCTION notifyq.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT NULL::text, priority integer DEFAULT NULL::integer, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, depends_on uuid[] DEFAULT NULL::uuid[], group_key text DEFAULT NULL::text, fair_key text DEFAULT NULL::text, on_conflict text DEFAULT NULL::text, debounce double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT e.job_id FROM notifyq.enqueue_v3(task, payload, queue, priority, run_at, NULL,
+    SELECT e.job_id FROM notifyq.enqueue_v5(task, payload, queue, priority, run_at, NULL,
                                             dedup_key, max_attempts, NULL, depends_on, group_key,
-                                            NULL, NULL) AS e;
+                                            NULL, NULL, NULL, fair_key, on_conflict,
+                                            debounce) AS e;
 $$;
 
 CREATE FUNCTION notifyq.enqueue_many_v4(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
@@ -942,6 +1299,110 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.enqueue_many_v6(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb, p_refs text[], p_fair_keys text[], p_on_conflicts text[], p_debounces double precision[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+    v_row_by_row boolean := EXISTS (SELECT 1 FROM unnest(p_dedup_keys) AS k WHERE k IS NOT NULL)
+                            AND EXISTS (SELECT 1 FROM unnest(p_group_keys) AS k
+                                        WHERE k IS NOT NULL);
+    v_set record;
+BEGIN
+    IF EXISTS (SELECT 1
+               FROM ROWS FROM (unnest(p_refs), unnest(p_ids), unnest(p_dedup_keys))
+                    AS u(ref, id, dedup_key)
+               WHERE u.ref IS NOT NULL AND (u.id IS NULL OR u.dedup_key IS NOT NULL)) THEN
+        RAISE EXCEPTION 'notifyq.enqueue_many_v6: a job with a ref (a workflow''s) needs an id '
+                        'of its own and no dedup key'
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM ROWS FROM (unnest(p_dedup_keys), unnest(p_on_conflicts),
+                                        unnest(p_debounces)) AS u(dedup_key, on_conflict, debounce)
+               WHERE u.dedup_key IS NULL AND (u.on_conflict IS NOT NULL OR u.debounce IS NOT NULL))
+    THEN
+        RAISE EXCEPTION 'on_conflict and debounce need a dedup_key'
+            USING ERRCODE = 'check_violation';
+    END IF;
+    WITH input AS MATERIALIZED (
+        SELECT u.ord, coalesce(u.id, notifyq.uuid_v7()) AS id,
+               coalesce(u.payload, '{}'::jsonb) AS payload,
+               coalesce(u.run_at, now() + make_interval(secs => coalesce(u.delay, 0))) AS run_at,
+               coalesce(u.depends_on::uuid[], '{}') AS depends_on, u.group_key, u.workflow_id,
+               u.dedup_key, u.ref, u.fair_key
+        FROM ROWS FROM (unnest(p_payloads), unnest(p_run_ats), unnest(p_delays),
+                        unnest(p_dedup_keys), unnest(p_depends_on), unnest(p_group_keys),
+                        unnest(p_workflow_ids), unnest(p_ids), unnest(p_refs),
+                        unnest(p_fair_keys)) WITH ORDINALITY
+             AS u(payload, run_at, delay, dedup_key, depends_on, group_key, workflow_id, id, ref,
+                  fair_key, ord)
+    ), inserted AS (
+        INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts,
+                                  depends_on, group_key, workflow_id, trace_context, ref,
+                                  fair_key)
+        SELECT i.id, d.task, i.payload, d.queue, d.priority, i.run_at, d.max_attempts,
+               i.depends_on, i.group_key, i.workflow_id, p_trace_context, i.ref, i.fair_key
+        FROM input AS i
+        JOIN notifyq.job_defaults_v1(p_tasks, p_payloads, p_queues, p_priorities,
+                                     p_max_attempts, p_fallback) AS d ON d.ord = i.ord
+        WHERE i.dedup_key IS NULL AND NOT v_row_by_row
+        ORDER BY i.ord
+        RETURNING id, status, created_at
+    )
+    SELECT array_agg(i.ord::integer) AS ords, array_agg(i.id) AS ids,
+           array_agg(x.status) AS statuses, array_agg(i.run_at) AS run_ats,
+           array_agg(x.created_at) AS created,
+           array_agg(i.id) FILTER (WHERE x.status = 'waiting') AS waiting
+    INTO v_set
+    FROM input AS i JOIN inserted AS x ON x.id = i.id;
+    IF v_set.waiting IS NOT NULL THEN
+        -- Jobs whose parent had ended are cancelled now, and those of this batch that depend
+        -- on them after them: their statuses are read back.
+        PERFORM notifyq.doom_waiting_v1(v_set.waiting);
+    END IF;
+    RETURN QUERY
+    SELECT u.ord, u.id, false,
+           CASE WHEN v_set.waiting IS NULL THEN u.status
+                ELSE (SELECT j.status FROM notifyq.jobs AS j WHERE j.id = u.id) END,
+           u.run_at, u.created_at
+    FROM unnest(v_set.ords, v_set.ids, v_set.statuses, v_set.run_ats, v_set.created)
+         AS u(ord, id, status, run_at, created_at);
+
+    IF p_dedup_keys IS NOT NULL THEN
+        FOR r IN
+            SELECT u.*
+            FROM ROWS FROM (unnest(p_tasks), unnest(p_payloads), unnest(p_queues),
+                            unnest(p_priorities), unnest(p_run_ats), unnest(p_delays),
+                            unnest(p_dedup_keys), unnest(p_max_attempts), unnest(p_depends_on),
+                            unnest(p_group_keys), unnest(p_workflow_ids), unnest(p_ids),
+                            unnest(p_fair_keys), unnest(p_on_conflicts), unnest(p_debounces))
+                 WITH ORDINALITY
+                 AS u(task, payload, queue, priority, run_at, delay, dedup_key, max_attempts,
+                      depends_on, group_key, workflow_id, id, fair_key, on_conflict, debounce,
+                      ord)
+            WHERE u.dedup_key IS NOT NULL OR v_row_by_row
+            ORDER BY u.ord
+        LOOP
+            RETURN QUERY
+            SELECT r.ord::integer, e.job_id, e.duplicate, e.status, e.run_at, e.created_at
+            FROM notifyq.enqueue_v5(r.task, r.payload, r.queue, r.priority, r.run_at, r.delay,
+                                    r.dedup_key, r.max_attempts, p_fallback,
+                                    r.depends_on::uuid[], r.group_key, r.workflow_id, r.id,
+                                    p_trace_context, r.fair_key, r.on_conflict,
+                                    r.debounce) AS e;
+        END LOOP;
+        IF v_row_by_row AND p_refs IS NOT NULL THEN
+            -- enqueue_v5 takes no ref: the refs of the jobs it inserted are written after.
+            UPDATE notifyq.jobs AS j SET ref = u.ref
+            FROM ROWS FROM (unnest(p_ids), unnest(p_refs)) AS u(id, ref)
+            WHERE j.id = u.id AND u.ref IS NOT NULL;
+        END IF;
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION notifyq.enqueue_tick_v2(p_task text, p_tick timestamp with time zone, p_payload jsonb) RETURNS uuid
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1021,6 +1482,102 @@ BEGIN
                             coalesce(quote_literal(p_group_key), 'none')
                 USING ERRCODE = 'unique_violation',
                       HINT = 'Submit it with the same group_key, or with another dedup_key.';
+        END IF;
+        -- A replaced job may now be due earlier than the time its workers sleep until.
+        IF v_job.status = 'queued' AND NOT v_job.group_blocked THEN
+            PERFORM notifyq.wake_v1(ARRAY[v_job.queue]);
+        END IF;
+        PERFORM notifyq.announce_v1(ARRAY[v_job.id]);
+    END IF;
+    IF v_job.id = v_new_id AND v_job.status = 'waiting'
+       AND EXISTS (SELECT 1 FROM notifyq.doom_waiting_v1(ARRAY[v_new_id])) THEN
+        -- A parent had failed or was cancelled: it ended at once, cancelled.
+        v_job.status := 'cancelled';
+    END IF;
+    RETURN QUERY SELECT v_job.id, v_job.id <> v_new_id, v_job.status, v_job.run_at,
+                        v_job.created_at;
+END;
+$$;
+
+CREATE FUNCTION notifyq.enqueue_v5(p_task text, p_payload jsonb, p_queue text, p_priority integer, p_run_at timestamp with time zone, p_delay double precision, p_dedup_key text, p_max_attempts integer, p_fallback integer, p_depends_on uuid[], p_group_key text, p_workflow_id uuid, p_id uuid, p_trace_context jsonb, p_fair_key text, p_on_conflict text, p_debounce double precision) RETURNS TABLE(job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_new_id uuid := coalesce(p_id, notifyq.uuid_v7());
+    v_payload jsonb := coalesce(p_payload, '{}'::jsonb);
+    v_asked uuid[] := ARRAY(SELECT DISTINCT a FROM unnest(p_depends_on) AS a ORDER BY a);
+    v_job record;
+    d record;
+BEGIN
+    IF p_on_conflict IS NOT NULL AND p_on_conflict NOT IN ('keep_latest', 'keep_first') THEN
+        RAISE EXCEPTION 'on_conflict must be keep_latest or keep_first, not %',
+                        quote_literal(p_on_conflict)
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF p_debounce IS NOT NULL
+       AND (p_dedup_key IS NULL OR p_run_at IS NOT NULL OR coalesce(p_delay, 0) <> 0
+            OR p_on_conflict = 'keep_first' OR NOT p_debounce BETWEEN 0 AND 316224000) THEN
+        RAISE EXCEPTION 'debounce needs a dedup_key, no run_at or delay, and keep_latest, '
+                        'and is 0 to 316224000 seconds (ten years)'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'A debounced job runs once no newer job with its dedup_key came '
+                         'for that many seconds.';
+    END IF;
+    SELECT * INTO d
+    FROM notifyq.job_defaults_v1(ARRAY[p_task], ARRAY[v_payload], ARRAY[p_queue],
+                                 ARRAY[p_priority], ARRAY[p_max_attempts], p_fallback);
+    LOOP
+        INSERT INTO notifyq.jobs AS j
+            (id, task, payload, queue, priority, run_at, dedup_key, max_attempts, depends_on,
+             group_key, workflow_id, trace_context, fair_key)
+        VALUES (v_new_id, d.task, v_payload, d.queue, d.priority,
+                coalesce(p_run_at,
+                         now() + make_interval(secs => coalesce(p_debounce, p_delay, 0))),
+                p_dedup_key, d.max_attempts, coalesce(p_depends_on, '{}'), p_group_key,
+                p_workflow_id, p_trace_context, p_fair_key)
+        ON CONFLICT (queue, dedup_key)
+            WHERE status IN ('waiting', 'queued') AND dedup_key IS NOT NULL
+        -- keep_first changes nothing: the row is written as it was, to lock and answer it.
+        DO UPDATE SET payload = CASE WHEN p_on_conflict = 'keep_first' THEN j.payload
+                                     ELSE EXCLUDED.payload END,
+                      priority = CASE WHEN p_on_conflict = 'keep_first' THEN j.priority
+                                      ELSE EXCLUDED.priority END,
+                      run_at = CASE WHEN p_on_conflict = 'keep_first' THEN j.run_at
+                                    ELSE EXCLUDED.run_at END,
+                      max_attempts = CASE WHEN p_on_conflict = 'keep_first' THEN j.max_attempts
+                                          ELSE EXCLUDED.max_attempts END,
+                      trace_context = CASE WHEN p_on_conflict = 'keep_first' THEN j.trace_context
+                                           ELSE coalesce(EXCLUDED.trace_context,
+                                                         j.trace_context) END
+            WHERE j.status IN ('waiting', 'queued')
+        RETURNING j.id, j.queue, j.status, j.run_at, j.created_at, j.group_blocked,
+                  j.depends_on, j.group_key, j.fair_key INTO v_job;
+        EXIT WHEN FOUND;
+    END LOOP;
+    IF v_job.id <> v_new_id THEN
+        -- Raising undoes the replacement above: the pending job stays as it was.
+        IF v_job.depends_on <> v_asked THEN
+            RAISE EXCEPTION 'job % is pending with dedup_key % and depends_on {%}, not {%}',
+                            v_job.id, p_dedup_key, array_to_string(v_job.depends_on, ', '),
+                            array_to_string(v_asked, ', ')
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Submit it with the same depends_on, or with another dedup_key.';
+        END IF;
+        IF v_job.group_key IS DISTINCT FROM p_group_key THEN
+            RAISE EXCEPTION 'job % is pending with dedup_key % and group_key %, not %',
+                            v_job.id, p_dedup_key, coalesce(quote_literal(v_job.group_key), 'none'),
+                            coalesce(quote_literal(p_group_key), 'none')
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Submit it with the same group_key, or with another dedup_key.';
+        END IF;
+        IF v_job.fair_key IS DISTINCT FROM p_fair_key THEN
+            RAISE EXCEPTION 'job % is pending with dedup_key % and fair_key %, not %',
+                            v_job.id, p_dedup_key, coalesce(quote_literal(v_job.fair_key), 'none'),
+                            coalesce(quote_literal(p_fair_key), 'none')
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Submit it with the same fair_key, or with another dedup_key.';
         END IF;
         -- A replaced job may now be due earlier than the time its workers sleep until.
         IF v_job.status = 'queued' AND NOT v_job.group_blocked THEN
@@ -1137,6 +1694,22 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.fair_keys_v1(p_limit integer) RETURNS TABLE(queue text, fair_key text, queued bigint, running bigint, weight double precision)
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT c.queue, c.fair_key, c.queued, c.running, coalesce(w.weight, 1)
+    FROM (SELECT j.queue, j.fair_key,
+                 count(*) FILTER (WHERE j.status = 'queued') AS queued,
+                 count(*) FILTER (WHERE j.status = 'processing') AS running
+          FROM ONLY notifyq.jobs AS j
+          WHERE j.fair_key IS NOT NULL AND j.status IN ('queued', 'processing')
+          GROUP BY j.queue, j.fair_key) AS c
+    LEFT JOIN notifyq.fair_weights AS w ON w.fair_key = c.fair_key
+    ORDER BY c.queued + c.running DESC, c.queue, c.fair_key
+    LIMIT least(greatest(p_limit, 1), 100);
+$$;
+
 CREATE FUNCTION notifyq.fill_defaults_v3() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -1162,6 +1735,10 @@ CREATE FUNCTION notifyq.floor_requeued_v1() RETURNS trigger
     AS $$
 BEGIN
     PERFORM notifyq.lower_floors_v1(ARRAY[NEW.queue], ARRAY[NEW.priority], ARRAY[NEW.run_at]);
+    IF NEW.fair_key IS NOT NULL OR EXISTS (SELECT 1 FROM notifyq.fair_lanes) THEN
+        PERFORM notifyq.open_lanes_v1(ARRAY[NEW.queue], ARRAY[NEW.priority],
+                                      ARRAY[coalesce(NEW.fair_key, '')]);
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -1174,13 +1751,22 @@ DECLARE
     v_levels record;
 BEGIN
     SELECT array_agg(l.queue) AS queues, array_agg(l.priority) AS priorities,
-           array_agg(l.run_at) AS run_ats
+           array_agg(l.run_at) AS run_ats, bool_or(l.keyed) AS keyed
     INTO v_levels
-    FROM (SELECT i.queue, i.priority, min(i.run_at) AS run_at FROM inserted AS i
+    FROM (SELECT i.queue, i.priority, min(i.run_at) AS run_at,
+                 bool_or(i.fair_key IS NOT NULL) AS keyed
+          FROM inserted AS i
           WHERE i.status = 'queued' AND NOT i.group_blocked
           GROUP BY i.queue, i.priority) AS l;
     IF v_levels.queues IS NOT NULL THEN
         PERFORM notifyq.lower_floors_v1(v_levels.queues, v_levels.priorities, v_levels.run_ats);
+        IF v_levels.keyed OR EXISTS (SELECT 1 FROM notifyq.fair_lanes) THEN
+            PERFORM notifyq.open_lanes_v1(array_agg(k.queue), array_agg(k.priority),
+                                          array_agg(k.fair_key))
+            FROM (SELECT DISTINCT i.queue, i.priority, coalesce(i.fair_key, '') AS fair_key
+                  FROM inserted AS i
+                  WHERE i.status = 'queued' AND NOT i.group_blocked) AS k;
+        END IF;
     END IF;
     RETURN NULL;
 END;
@@ -1278,6 +1864,17 @@ CREATE FUNCTION notifyq.job_v2(p_id uuid) RETURNS TABLE(id uuid, task text, queu
                array_agg(k.finished_at ORDER BY k.finished_at, k.name) AS times
         FROM notifyq.job_steps AS k
         WHERE k.job_id = v.id AND k.kind = 'step') AS s;
+$$;
+
+CREATE FUNCTION notifyq.job_v3(p_id uuid) RETURNS TABLE(id uuid, task text, queue text, payload jsonb, status text, priority integer, run_at timestamp with time zone, attempt_count integer, max_attempts integer, dedup_key text, result jsonb, last_error text, errors jsonb, created_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone, worker_id text, lease_expires_at timestamp with time zone, cancel_requested_at timestamp with time zone, depends_on uuid[], group_key text, workflow_id uuid, progress jsonb, ref text, archived boolean, suspended_until timestamp with time zone, waiting_for_signal text, step_names text[], step_times timestamp with time zone[], fair_key text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT v.*,
+           CASE WHEN v.archived
+                THEN (SELECT a.fair_key FROM notifyq.jobs_archive AS a WHERE a.id = v.id LIMIT 1)
+                ELSE (SELECT j.fair_key FROM notifyq.jobs AS j WHERE j.id = v.id) END
+    FROM notifyq.job_v2(p_id) AS v;
 $$;
 
 CREATE FUNCTION notifyq.join_workflow_v1() RETURNS trigger
@@ -1474,6 +2071,52 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.mend_lanes_v1() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_found record;
+BEGIN
+    WITH RECURSIVE keys AS (
+        (SELECT j.queue, j.priority, j.fair_key FROM ONLY notifyq.jobs AS j
+         WHERE j.status = 'queued' AND NOT j.group_blocked AND j.fair_key IS NOT NULL
+         ORDER BY j.queue, j.priority, j.fair_key LIMIT 1)
+        UNION ALL
+        SELECT n.queue, n.priority, n.fair_key
+        FROM keys AS k
+        CROSS JOIN LATERAL (
+            SELECT j.queue, j.priority, j.fair_key FROM ONLY notifyq.jobs AS j
+            WHERE j.status = 'queued' AND NOT j.group_blocked AND j.fair_key IS NOT NULL
+              AND (j.queue, j.priority, j.fair_key) > (k.queue, k.priority, k.fair_key)
+            ORDER BY j.queue, j.priority, j.fair_key LIMIT 1) AS n
+    ), missing AS (
+        SELECT k.queue, k.priority, k.fair_key FROM keys AS k
+        WHERE NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l
+                          WHERE l.queue = k.queue AND l.priority = k.priority
+                            AND l.fair_key = k.fair_key AND l.idle_since IS NULL)
+        UNION ALL
+        SELECT DISTINCT f.queue, f.priority, '' FROM notifyq.fair_lanes AS f
+        WHERE NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l
+                          WHERE l.queue = f.queue AND l.priority = f.priority
+                            AND l.fair_key = '' AND l.idle_since IS NULL)
+          AND EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS j
+                      WHERE j.queue = f.queue AND j.priority = f.priority
+                        AND j.status = 'queued' AND NOT j.group_blocked AND j.fair_key IS NULL)
+    )
+    SELECT array_agg(m.queue) AS queues, array_agg(m.priority) AS priorities,
+           array_agg(m.fair_key) AS keys
+    INTO v_found FROM missing AS m;
+    IF v_found.queues IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM notifyq.open_lanes_v1(v_found.queues, v_found.priorities, v_found.keys);
+    RETURN cardinality(v_found.queues);
+END;
+$$;
+
 CREATE FUNCTION notifyq.minute_stats_v1(p_minutes integer, p_fill integer) RETURNS TABLE(minute timestamp with time zone, completed integer, failed integer, cancelled integer, partial boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1575,6 +2218,35 @@ BEGIN
     WHERE EXISTS (SELECT 1 FROM notifyq.waiting_workers AS w
                   WHERE w.expires_at > now() AND (w.queues IS NULL OR s.q = ANY(w.queues)))
       AND NOT EXISTS (SELECT 1 FROM notifyq.queues AS x WHERE x.name = s.q AND NOT x.notify);
+END;
+$$;
+
+CREATE FUNCTION notifyq.open_lanes_v1(p_queues text[], p_priorities integer[], p_keys text[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    WITH asked AS (
+        SELECT DISTINCT k.queue, k.priority, k.fair_key,
+               EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l
+                       WHERE l.queue = k.queue AND l.priority = k.priority) AS fair
+        FROM unnest(p_queues, p_priorities, p_keys) AS k(queue, priority, fair_key)
+    ), wanted AS (
+        SELECT a.queue, a.priority, a.fair_key FROM asked AS a
+        WHERE a.fair_key <> '' OR a.fair
+        UNION
+        SELECT a.queue, a.priority, '' FROM asked AS a
+        WHERE a.fair_key <> '' AND NOT a.fair
+    )
+    INSERT INTO notifyq.fair_lanes AS l (queue, priority, fair_key)
+    SELECT w.queue, w.priority, w.fair_key FROM wanted AS w
+    WHERE NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS o
+                      WHERE o.queue = w.queue AND o.priority = w.priority
+                        AND o.fair_key = w.fair_key AND o.idle_since IS NULL)
+    ORDER BY 1, 2, 3
+    ON CONFLICT (queue, priority, fair_key) DO UPDATE
+        SET idle_since = NULL, turn = NULL, served_at = NULL;
 END;
 $$;
 
@@ -1850,6 +2522,8 @@ BEGIN
         WHEN cardinality(NEW.depends_on) > 1000 THEN 'a job depends on 1000 jobs at most'
         WHEN NOT length(NEW.group_key) BETWEEN 1 AND 512
             THEN 'group_key must be 1 to 512 characters'
+        WHEN NOT char_length(NEW.fair_key) BETWEEN 1 AND 512
+            THEN 'fair_key must be 1 to 512 characters'
         WHEN jsonb_typeof(NEW.progress) <> 'object' THEN 'progress must be a JSON object'
         WHEN NEW.trace_context IS NOT NULL
              AND NOT (jsonb_typeof(NEW.trace_context) = 'object'
@@ -1897,6 +2571,27 @@ CREATE FUNCTION notifyq.register_task_v1(p_name text, p_max_attempts integer, p_
         max_concurrency = EXCLUDED.max_concurrency,
         rate_limit = EXCLUDED.rate_limit,
         rate_burst = EXCLUDED.rate_burst,
+        updated_at = now();
+$$;
+
+CREATE FUNCTION notifyq.register_task_v2(p_name text, p_max_attempts integer, p_options jsonb, p_breaker_threshold integer, p_breaker_cooldown double precision, p_max_concurrency integer, p_rate_limit double precision, p_rate_burst double precision, p_key_concurrency integer) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    INSERT INTO notifyq.tasks (name, max_attempts, options, breaker_threshold, breaker_cooldown,
+                               max_concurrency, rate_limit, rate_burst, rate_tokens, updated_at,
+                               key_concurrency)
+    VALUES (p_name, p_max_attempts, p_options, p_breaker_threshold, p_breaker_cooldown,
+            p_max_concurrency, p_rate_limit, p_rate_burst, coalesce(p_rate_burst, 0), now(),
+            p_key_concurrency)
+    ON CONFLICT (name) DO UPDATE
+    SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
+        breaker_threshold = EXCLUDED.breaker_threshold,
+        breaker_cooldown = EXCLUDED.breaker_cooldown,
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_burst = EXCLUDED.rate_burst,
+        key_concurrency = EXCLUDED.key_concurrency,
         updated_at = now();
 $$;
 
@@ -2140,9 +2835,10 @@ BEGIN
     )
     INSERT INTO notifyq.jobs (id, task, queue, payload, priority, run_at, max_attempts,
                               dedup_key, created_at, depends_on, workflow_id, group_key,
-                              trace_context, ref)
+                              trace_context, ref, fair_key)
     SELECT g.id, g.task, g.queue, g.payload, g.priority, now(), g.max_attempts, g.dedup_key,
-           g.created_at, g.depends_on, g.workflow_id, g.group_key, g.trace_context, g.ref
+           g.created_at, g.depends_on, g.workflow_id, g.group_key, g.trace_context, g.ref,
+           g.fair_key
     FROM gone AS g;
     RETURN QUERY
     UPDATE ONLY notifyq.jobs AS j
@@ -2498,6 +3194,46 @@ CREATE FUNCTION notifyq.take_probes_v1(p_tasks text[]) RETURNS SETOF text
     RETURNING name;
 $$;
 
+CREATE FUNCTION notifyq.tend_lanes_v1() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_opened integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l WHERE l.idle_since IS NOT NULL) THEN
+        RETURN 0;
+    END IF;
+    UPDATE notifyq.fair_lanes AS l SET idle_since = NULL, turn = NULL, served_at = NULL
+    FROM (SELECT i.queue, i.priority, i.fair_key FROM notifyq.fair_lanes AS i
+          WHERE i.idle_since IS NOT NULL AND i.fair_key <> ''
+            AND EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS j
+                        WHERE j.queue = i.queue AND j.priority = i.priority
+                          AND j.fair_key = i.fair_key
+                          AND j.status = 'queued' AND NOT j.group_blocked)
+          FOR NO KEY UPDATE SKIP LOCKED) AS o
+    WHERE l.queue = o.queue AND l.priority = o.priority AND l.fair_key = o.fair_key;
+    GET DIAGNOSTICS v_opened = ROW_COUNT;
+    DELETE FROM notifyq.fair_lanes AS l
+    USING (SELECT i.queue, i.priority, i.fair_key FROM notifyq.fair_lanes AS i
+           WHERE i.idle_since < now() - interval '1 minute'
+             AND CASE WHEN i.fair_key = ''
+                      THEN NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS j
+                                       WHERE j.queue = i.queue AND j.priority = i.priority
+                                         AND j.status = 'queued' AND NOT j.group_blocked
+                                         AND j.fair_key IS NULL)
+                      ELSE NOT EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS j
+                                       WHERE j.queue = i.queue AND j.priority = i.priority
+                                         AND j.fair_key = i.fair_key
+                                         AND j.status = 'queued' AND NOT j.group_blocked) END
+           FOR UPDATE SKIP LOCKED) AS g
+    WHERE l.queue = g.queue AND l.priority = g.priority AND l.fair_key = g.fair_key;
+    RETURN v_opened;
+END;
+$$;
+
 CREATE FUNCTION notifyq.unwatch_v1(p_job_id uuid, p_watcher text) RETURNS void
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2588,12 +3324,12 @@ BEGIN
              dedup_key, result, last_error, errors, created_at, started_at, finished_at,
              worker_id, lease_expires_at, cancel_requested_at, claims, heartbeat_at, lost_count,
              depends_on, workflow_id, group_key, group_seq, group_blocked, progress,
-             trace_context, ref)
+             trace_context, ref, fair_key)
         SELECT d.id, d.task, d.queue, d.payload, 'completed', d.priority, d.run_at,
                d.attempt_count, d.max_attempts, d.dedup_key, d.outcome, NULL, d.errors,
                d.created_at, d.started_at, now(), d.worker_id, NULL, d.cancel_requested_at,
                d.claims, d.heartbeat_at, d.lost_count, d.depends_on, d.workflow_id, d.group_key,
-               d.group_seq, false, d.progress, d.trace_context, d.ref
+               d.group_seq, false, d.progress, d.trace_context, d.ref, d.fair_key
         FROM done AS d
     ), closed AS (
         UPDATE notifyq.tasks AS t
@@ -2620,6 +3356,24 @@ CREATE TABLE notifyq.claim_floors (
     next_after xid8
 )
 WITH (fillfactor='50');
+
+CREATE TABLE notifyq.fair_lanes (
+    queue text NOT NULL,
+    priority integer NOT NULL,
+    fair_key text NOT NULL,
+    turn double precision,
+    idle_since timestamp with time zone,
+    served_at timestamp with time zone
+)
+WITH (fillfactor='50');
+
+CREATE TABLE notifyq.fair_weights (
+    fair_key text NOT NULL,
+    weight double precision NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT fair_weights_key_check CHECK (((char_length(fair_key) >= 1) AND (char_length(fair_key) <= 512))),
+    CONSTRAINT fair_weights_weight_check CHECK (((weight >= (1)::double precision) AND (weight <= (1000)::double precision)))
+);
 
 CREATE SEQUENCE notifyq.group_seq
     START WITH 1
@@ -2681,6 +3435,7 @@ CREATE TABLE notifyq.jobs (
     ref text,
     suspended_until timestamp with time zone,
     waiting_for_signal text,
+    fair_key text,
     CONSTRAINT jobs_live_statuses CHECK ((status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'suspended'::text]))) NO INHERIT,
     CONSTRAINT jobs_suspension CHECK ((((status = 'suspended'::text) OR ((suspended_until IS NULL) AND (waiting_for_signal IS NULL))) AND ((waiting_for_signal IS NULL) OR ((char_length(waiting_for_signal) >= 1) AND (char_length(waiting_for_signal) <= 200))) AND ((suspended_until IS NULL) OR ((suspended_until >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (suspended_until <= '9999-01-01 00:00:00+00'::timestamp with time zone))))) NO INHERIT
 )
@@ -2783,8 +3538,10 @@ CREATE TABLE notifyq.tasks (
     rate_burst double precision,
     rate_tokens double precision DEFAULT 0 NOT NULL,
     rate_refilled_at timestamp with time zone DEFAULT now() NOT NULL,
+    key_concurrency integer,
     CONSTRAINT tasks_breaker_cooldown_check CHECK ((breaker_cooldown > (0)::double precision)),
     CONSTRAINT tasks_breaker_threshold_check CHECK ((breaker_threshold >= 1)),
+    CONSTRAINT tasks_key_concurrency_check CHECK ((key_concurrency >= 1)),
     CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT tasks_max_concurrency_check CHECK ((max_concurrency >= 1)),
     CONSTRAINT tasks_rate_burst_check CHECK ((rate_burst >= (1)::double precision)),
@@ -2805,6 +3562,12 @@ CREATE UNLOGGED TABLE notifyq.watched_jobs (
 
 ALTER TABLE ONLY notifyq.claim_floors
     ADD CONSTRAINT claim_floors_pkey PRIMARY KEY (queue, priority);
+
+ALTER TABLE ONLY notifyq.fair_lanes
+    ADD CONSTRAINT fair_lanes_pkey PRIMARY KEY (queue, priority, fair_key);
+
+ALTER TABLE ONLY notifyq.fair_weights
+    ADD CONSTRAINT fair_weights_pkey PRIMARY KEY (fair_key);
 
 ALTER TABLE ONLY notifyq.job_signals
     ADD CONSTRAINT job_signals_pkey PRIMARY KEY (job_id, name);
@@ -2859,7 +3622,11 @@ CREATE INDEX jobs_done_finished_idx ON notifyq.jobs_done USING btree (finished_a
 
 CREATE INDEX jobs_done_workflow_idx ON notifyq.jobs_done USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
+CREATE INDEX jobs_fair_idx ON notifyq.jobs USING btree (queue, priority, fair_key, run_at, id) WHERE ((status = 'queued'::text) AND (NOT group_blocked) AND (fair_key IS NOT NULL));
+
 CREATE INDEX jobs_group_idx ON notifyq.jobs USING btree (queue, group_key, group_seq) WHERE ((group_key IS NOT NULL) AND (status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'suspended'::text])));
+
+CREATE INDEX jobs_key_running_idx ON notifyq.jobs USING btree (task, fair_key) WHERE ((status = 'processing'::text) AND (fair_key IS NOT NULL));
 
 CREATE UNIQUE INDEX jobs_pending_dedup_idx ON notifyq.jobs USING btree (queue, dedup_key) WHERE ((status = ANY (ARRAY['waiting'::text, 'queued'::text])) AND (dedup_key IS NOT NULL));
 
@@ -2875,13 +3642,13 @@ CREATE TRIGGER jobs_a_defaults BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (
 
 CREATE TRIGGER jobs_accept BEFORE INSERT ON notifyq.jobs FOR EACH ROW WHEN (((new.task IS NULL) OR (new.queue IS NULL) OR (new.priority IS NULL) OR (new.max_attempts IS NULL) OR (new.status IS DISTINCT FROM 'queued'::text) OR (new.attempt_count <> 0) OR (new.claims <> 0) OR (new.lost_count <> 0) OR (new.worker_id IS NOT NULL) OR (new.lease_expires_at IS NOT NULL) OR (new.heartbeat_at IS NOT NULL) OR (new.started_at IS NOT NULL) OR (new.finished_at IS NOT NULL) OR (new.result IS NOT NULL) OR (new.last_error IS NOT NULL) OR (new.errors IS DISTINCT FROM '[]'::jsonb) OR (new.cancel_requested_at IS NOT NULL) OR (NOT ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (NOT ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) OR (cardinality(new.depends_on) > 0) OR (new.group_key IS NOT NULL) OR (new.group_seq IS NOT NULL) OR new.group_blocked OR (new.progress IS NOT NULL))) EXECUTE FUNCTION notifyq.accept_job_v2();
 
-CREATE TRIGGER jobs_check BEFORE INSERT OR UPDATE OF task, queue, payload, priority, run_at, max_attempts, dedup_key, created_at, depends_on, workflow_id, group_key, trace_context, ref ON notifyq.jobs FOR EACH ROW WHEN ((NOT ((length(new.task) >= 1) AND (length(new.task) <= 200) AND ((length(new.queue) >= 1) AND (length(new.queue) <= 200)) AND (jsonb_typeof(new.payload) = 'object'::text) AND (new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'suspended'::text])) AND (new.attempt_count >= 0) AND (new.max_attempts >= 1) AND (new.claims >= 0) AND (new.lost_count >= 0) AND (cardinality(new.depends_on) <= 1000) AND ((new.group_key IS NULL) OR ((length(new.group_key) >= 1) AND (length(new.group_key) <= 512))) AND ((new.progress IS NULL) OR (jsonb_typeof(new.progress) = 'object'::text)) AND ((new.trace_context IS NULL) OR ((jsonb_typeof(new.trace_context) = 'object'::text) AND (octet_length((new.trace_context)::text) <= 1024))) AND ((new.ref IS NULL) OR ((new.workflow_id IS NOT NULL) AND ((char_length(new.ref) >= 1) AND (char_length(new.ref) <= 200)))) AND ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.started_at IS NULL) OR ((new.started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.finished_at IS NULL) OR ((new.finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.lease_expires_at IS NULL) OR ((new.lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.heartbeat_at IS NULL) OR ((new.heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.cancel_requested_at IS NULL) OR ((new.cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)))))) EXECUTE FUNCTION notifyq.refuse_row_v1();
+CREATE TRIGGER jobs_check BEFORE INSERT OR UPDATE OF task, queue, payload, priority, run_at, max_attempts, dedup_key, created_at, depends_on, workflow_id, group_key, trace_context, ref, fair_key ON notifyq.jobs FOR EACH ROW WHEN ((NOT ((length(new.task) >= 1) AND (length(new.task) <= 200) AND ((length(new.queue) >= 1) AND (length(new.queue) <= 200)) AND (jsonb_typeof(new.payload) = 'object'::text) AND (new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'suspended'::text])) AND (new.attempt_count >= 0) AND (new.max_attempts >= 1) AND (new.claims >= 0) AND (new.lost_count >= 0) AND (cardinality(new.depends_on) <= 1000) AND ((new.group_key IS NULL) OR ((length(new.group_key) >= 1) AND (length(new.group_key) <= 512))) AND ((new.progress IS NULL) OR (jsonb_typeof(new.progress) = 'object'::text)) AND ((new.trace_context IS NULL) OR ((jsonb_typeof(new.trace_context) = 'object'::text) AND (octet_length((new.trace_context)::text) <= 1024))) AND ((new.fair_key IS NULL) OR ((char_length(new.fair_key) >= 1) AND (char_length(new.fair_key) <= 512))) AND ((new.ref IS NULL) OR ((new.workflow_id IS NOT NULL) AND ((char_length(new.ref) >= 1) AND (char_length(new.ref) <= 200)))) AND ((new.run_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.run_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.created_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.created_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)) AND ((new.started_at IS NULL) OR ((new.started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.started_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.finished_at IS NULL) OR ((new.finished_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.finished_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.lease_expires_at IS NULL) OR ((new.lease_expires_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.lease_expires_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.heartbeat_at IS NULL) OR ((new.heartbeat_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.heartbeat_at <= '9999-01-01 00:00:00+00'::timestamp with time zone))) AND ((new.cancel_requested_at IS NULL) OR ((new.cancel_requested_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (new.cancel_requested_at <= '9999-01-01 00:00:00+00'::timestamp with time zone)))))) EXECUTE FUNCTION notifyq.refuse_row_v1();
 
 CREATE TRIGGER jobs_done_forget_durable AFTER DELETE ON notifyq.jobs_done REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.forget_durable_v1();
 
 CREATE TRIGGER jobs_done_refuse_revival BEFORE UPDATE OF status ON notifyq.jobs_done FOR EACH ROW WHEN ((new.status = ANY (ARRAY['waiting'::text, 'queued'::text, 'processing'::text]))) EXECUTE FUNCTION notifyq.refuse_status_v1();
 
-CREATE TRIGGER jobs_floor AFTER UPDATE OF status, queue, priority, run_at, group_blocked ON notifyq.jobs FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (NOT new.group_blocked) AND ((old.status <> 'queued'::text) OR old.group_blocked OR (old.queue <> new.queue) OR (old.priority <> new.priority) OR (new.run_at < old.run_at)))) EXECUTE FUNCTION notifyq.floor_requeued_v1();
+CREATE TRIGGER jobs_floor AFTER UPDATE OF status, queue, priority, run_at, group_blocked, fair_key ON notifyq.jobs FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (NOT new.group_blocked) AND ((old.status <> 'queued'::text) OR old.group_blocked OR (old.queue <> new.queue) OR (old.priority <> new.priority) OR (new.run_at < old.run_at) OR (old.fair_key IS DISTINCT FROM new.fair_key)))) EXECUTE FUNCTION notifyq.floor_requeued_v1();
 
 CREATE TRIGGER jobs_floors AFTER INSERT ON notifyq.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION notifyq.floors_inserted_v1();
 

@@ -60,6 +60,9 @@ JOB_IN_FIELDS = {
     "delay",
     "max_attempts",
     "dedup_key",
+    "fair_key",
+    "on_conflict",
+    "debounce",
     "depends_on",
     "group_key",
 }

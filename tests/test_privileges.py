@@ -413,6 +413,7 @@ async def test_roles_granted_before_version_23_keep_working_after_it(empty_db_ur
     # Migrated to version 21 and granted then (as `notifyq grant` of that version did); then
     # version 23 (durable jobs) gives each its share of the new tables and functions.
     older = [m for m in load_migrations() if m.version < 23]
+    upto = [m for m in load_migrations() if m.version <= 23]
     async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
         await _apply_missing(conn, older, lambda _: None)
         with role(empty_db_url) as worker, role(empty_db_url) as producer:
@@ -425,7 +426,7 @@ async def test_roles_granted_before_version_23_keep_working_after_it(empty_db_ur
                 sql.SQL("GRANT INSERT (task, payload) ON notifyq.jobs TO {}").format(p)
             )
             await conn.execute(sql.SQL("GRANT SELECT ON notifyq.jobs TO {}").format(p))
-            assert [m.version for m in await _apply_missing(conn, load_migrations(), str)] == [23]
+            assert [m.version for m in await _apply_missing(conn, upto, str)] == [23]
             cursor = await conn.execute(
                 """SELECT has_table_privilege(%(w)s, 'notifyq.job_steps', 'INSERT'),
                           has_table_privilege(%(w)s, 'notifyq.job_signals', 'SELECT'),
@@ -442,4 +443,37 @@ async def test_roles_granted_before_version_23_keep_working_after_it(empty_db_ur
                 {"w": worker, "p": producer},
             )
             assert await cursor.fetchone() == (True, True, True, True, True, False, False, True)
+            await conn.execute(sql.SQL("DROP OWNED BY {}, {}").format(w, p))
+
+
+async def test_roles_granted_before_version_24_keep_working_after_it(empty_db_url: str) -> None:
+    # Granted at version 23; version 24 (fair claims) gives a worker role the lanes, weights and
+    # fair claim, and a producer role the enqueues with a fair_key, its column and the read.
+    older = [m for m in load_migrations() if m.version < 24]
+    upto = [m for m in load_migrations() if m.version <= 24]
+    async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
+        await _apply_missing(conn, older, lambda _: None)
+        with role(empty_db_url) as worker, role(empty_db_url) as producer:
+            w, p = sql.Identifier(worker), sql.Identifier(producer)
+            await conn.execute(sql.SQL("GRANT USAGE ON SCHEMA notifyq TO {}, {}").format(w, p))
+            await conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON notifyq.jobs TO {}").format(w)
+            )
+            await conn.execute(
+                sql.SQL("GRANT INSERT (task, payload) ON notifyq.jobs TO {}").format(p)
+            )
+            assert [m.version for m in await _apply_missing(conn, upto, str)] == [24]
+            cursor = await conn.execute(
+                """SELECT has_table_privilege(%(w)s, 'notifyq.fair_lanes', 'UPDATE'),
+                          has_table_privilege(%(w)s, 'notifyq.fair_weights', 'INSERT'),
+                          has_function_privilege(%(w)s, 'notifyq.claim_fair_v1(text, integer,
+                              timestamptz, uuid, text[], text[], integer)', 'EXECUTE'),
+                          has_column_privilege(%(p)s, 'notifyq.jobs', 'fair_key', 'INSERT'),
+                          has_function_privilege(%(p)s, 'notifyq.job_v3(uuid)', 'EXECUTE'),
+                          has_table_privilege(%(p)s, 'notifyq.fair_lanes', 'SELECT'),
+                          has_function_privilege(%(p)s, 'notifyq.claim_fair_v1(text, integer,
+                              timestamptz, uuid, text[], text[], integer)', 'EXECUTE')""",
+                {"w": worker, "p": producer},
+            )
+            assert await cursor.fetchone() == (True, True, True, True, True, False, False)
             await conn.execute(sql.SQL("DROP OWNED BY {}, {}").format(w, p))

@@ -56,6 +56,10 @@ FUNCTIONS = {
     # sql/023, durable jobs.
     "durable_state_v1": False, "forget_durable_v1": True, "job_v2": True,
     "record_step_v1": False, "signal": True, "signal_v1": True, "suspend_v1": False,
+    # sql/024, fair claims.
+    "claim_fair_v1": False, "enqueue_many_v6": True, "enqueue_v5": True, "fair_keys_v1": False,
+    "job_v3": True, "mend_lanes_v1": False, "open_lanes_v1": True, "register_task_v2": False,
+    "tend_lanes_v1": False,
 }  # fmt: skip
 #: What a role with USAGE on the schema and nothing else may run: the contract's psql functions.
 PUBLIC = {"enqueue", "signal"}
@@ -65,6 +69,8 @@ PRODUCER = PUBLIC | {
     "uuid_v7", "keep_task_defaults_v2", "job_defaults_v1", "enqueue_v4", "enqueue_many_v5",
     "job_v1", "watch_v1", "refresh_watches_v1", "unwatch_v1",
     "job_v2", "signal_v1",  # sql/023: a job's read with its steps; Queue.signal
+    "enqueue_v5", "enqueue_many_v6",  # sql/024: with a fair_key, on_conflict, debounce
+    "job_v3",  # sql/024: a job's read with its fair_key
 }  # fmt: skip
 
 

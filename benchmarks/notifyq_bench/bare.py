@@ -78,6 +78,11 @@ CREATE TABLE bench.jobs (
 ALTER TABLE bench.jobs ADD COLUMN ref text;
 -- As sql/023 adds them (durable jobs: a suspended job's time and signal).
 ALTER TABLE bench.jobs ADD COLUMN suspended_until timestamptz, ADD COLUMN waiting_for_signal text;
+-- As sql/024 adds it (fair claims), with the indexes of keyed jobs queued and running.
+ALTER TABLE bench.jobs ADD COLUMN fair_key text;
+CREATE INDEX ON bench.jobs (queue, priority, fair_key, run_at, id)
+    WHERE status = 'queued' AND NOT group_blocked AND fair_key IS NOT NULL;
+CREATE INDEX ON bench.jobs (task, fair_key) WHERE status = 'processing' AND fair_key IS NOT NULL;
 -- The rules of a job's columns are notifyq's insert trigger since sql/020, not CHECKs: the loop
 -- inserts nothing but plain jobs, so it has neither. The statuses each table holds stay CHECKs,
 -- and so does what only a suspended job says (sql/023).
@@ -133,10 +138,12 @@ WITH done AS (
     INSERT INTO bench.jobs_done
         (id, task, queue, payload, status, priority, run_at, attempt_count, max_attempts,
          dedup_key, result, errors, created_at, started_at, finished_at, worker_id, claims,
-         lost_count, depends_on, workflow_id, group_key, group_seq, trace_context, ref)
+         lost_count, depends_on, workflow_id, group_key, group_seq, trace_context, ref,
+         fair_key)
     SELECT id, task, queue, payload, 'completed', priority, run_at, attempt_count, max_attempts,
            dedup_key, outcome, errors, created_at, started_at, now(), worker_id, claims,
-           lost_count, depends_on, workflow_id, group_key, group_seq, trace_context, ref
+           lost_count, depends_on, workflow_id, group_key, group_seq, trace_context, ref,
+           fair_key
     FROM done
 ), picked AS (
     SELECT id FROM ONLY bench.jobs

@@ -328,6 +328,28 @@ class Managing(Runner):
         }
         await self._all("configure_queue", params, scalar_row, what="configuring a queue")
 
+    async def set_fair_weight(self, fair_key: str, weight: float) -> None:
+        """Gives ``fair_key`` this share of the fair claims (1 to 1000; a key without one
+        weighs 1)."""
+        params = {"fair_key": fair_key, "weight": weight}
+        await self._execute("set_fair_weight", params, what="setting a fair key's weight")
+
+    async def unset_fair_weight(self, fair_key: str) -> None:
+        """Gives ``fair_key`` back the default weight, 1."""
+        params = {"fair_key": fair_key}
+        await self._execute("unset_fair_weight", params, what="removing a fair key's weight")
+
+    async def fair_weights(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The weights set (``fair_key``, ``weight``, ``updated_at``), heaviest first."""
+        params = {"limit": limit}
+        return await self._all("fair_weights", params, dict_row, what="reading fair weights")
+
+    async def fair_keys(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The keys with the most jobs queued or running (``queue``, ``fair_key``, ``queued``,
+        ``running``, ``weight``), at most ``limit`` (1 to 100)."""
+        params = {"limit": limit}
+        return await self._all("fair_keys", params, dict_row, what="counting fair keys")
+
     async def table_tuples(self) -> list[dict[str, Any]]:
         """Live and dead row versions of notifyq's busy tables (``table``, ``live``, ``dead``,
         ``vacuumed_at``), from PostgreSQL's statistics."""

@@ -132,9 +132,9 @@ def enqueue_statement(
 ) -> tuple[str, dict[str, Any]]:
     """The query that enqueues one job, and its parameters: a plain INSERT without a dedup key,
     a task to resolve in SQL, dependencies, a group or a trace context; else
-    ``notifyq.enqueue_v4``. ``fallback`` is the max_attempts of a job whose submission and task
+    ``notifyq.enqueue_v5``. ``fallback`` is the max_attempts of a job whose submission and task
     set none; ``trace_context`` the JSON text of the trace context it keeps."""
-    # A traced job goes through enqueue_v4 (SECURITY DEFINER): the plain INSERT names only the
+    # A traced job goes through enqueue_v5 (SECURITY DEFINER): the plain INSERT names only the
     # columns a producer role of an earlier version was granted.
     if spec.plain and trace_context is None:
         return "enqueue_plain", _spec_params(spec) | {"fallback": fallback}

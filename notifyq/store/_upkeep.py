@@ -38,6 +38,16 @@ class Upkeep(Runner):
         floor lowered to it (or made) where it is above. Answers the floors mended."""
         return int(await self._value("mend_floors", None, what="mending the claim floors") or 0)
 
+    async def tend_lanes(self) -> int:
+        """The leader's pass over the fair lanes (sql/024): opens idle lanes that a job reached,
+        removes those idle for a minute. Answers the lanes opened."""
+        return int(await self._value("tend_lanes", None, what="tending the fair lanes") or 0)
+
+    async def mend_lanes(self) -> int:
+        """The net under the fair lanes (sql/024): opens the lane of every queued key that has
+        none open. Answers the lanes opened."""
+        return int(await self._value("mend_lanes", None, what="mending the fair lanes") or 0)
+
     async def mark_waiting(self, worker_id: str, queues: Sequence[str] | None, ttl: float) -> bool:
         """Registers a worker as waiting; True when the registration waited for in-flight
         inserts (so a claim right after it sees them all)."""

@@ -301,6 +301,7 @@ class Working(Runner):
             "max_concurrency": task.max_concurrency,
             "rate_limit": task.rate_limit,
             "rate_burst": None if task.rate_limit is None else max(task.rate_limit, 1.0),
+            "key_concurrency": task.key_concurrency,
         }
         await self._execute("register_task", params, what="registering tasks")
 

@@ -4,7 +4,11 @@ steps over what those left in the claim index (sql/021: why, and why it is safe)
 Only the worker that leads the maintenance raises; a raise takes two of its passes (one
 proposes, the next applies what every transaction then running has let through), so a floor
 lags the head of its queue by about two intervals: the dead entries of the jobs claimed in them
-are all a claim steps over, however long a transaction elsewhere pins them."""
+are all a claim steps over, however long a transaction elsewhere pins them.
+
+The same passes tend the lanes of the fair claims (sql/024): idle lanes that a job reached are
+opened, lanes idle for a minute removed, and with the floors' net every minute, the lanes of
+queued keys that have none are made."""
 
 from __future__ import annotations
 
@@ -50,14 +54,23 @@ class FloorRaiser:
                 continue
             try:
                 if passes % MEND_EVERY == 0:
-                    mended = await self._store.mend_floors()
-                    if mended:
-                        logger.warning(
-                            "%d claim floor(s) were above a claimable job, and were lowered "
-                            "(was a trigger of notifyq.jobs switched off?)",
-                            mended,
-                        )
+                    await self._mend()
                 await self._store.raise_floors()
+                await self._store.tend_lanes()
             except NotifyQError as exc:
                 logger.warning("raising the claim floors failed: %s", exc)
             passes += 1
+
+    async def _mend(self) -> None:
+        mended = await self._store.mend_floors()
+        if mended:
+            logger.warning(
+                "%d claim floor(s) were above a claimable job, and were lowered "
+                "(was a trigger of notifyq.jobs switched off?)",
+                mended,
+            )
+        opened = await self._store.mend_lanes()
+        if opened:
+            logger.info(
+                "%d fair lane(s) of queued keys were missing or idle, and were opened", opened
+            )

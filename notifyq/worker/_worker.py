@@ -350,4 +350,5 @@ def _registration(task: Task, breaker: CircuitBreaker | None) -> TaskRegistratio
         breaker_cooldown=breaker.cooldown if breaker else 30.0,
         max_concurrency=task.max_concurrency,
         rate_limit=task.rate_limit,
+        key_concurrency=task.key_concurrency,
     )

@@ -56,12 +56,16 @@ def test_the_command_line_has_a_flag_for_each_option() -> None:
         "max_attempts": "4",
         "depends_on": f"{UUID(int=1)},{UUID(int=2)}",
         "group_key": "g",
+        "fair_key": "tenant-1",
+        "on_conflict": "keep_first",
+        "debounce": "2.5",
     }
     for flag in flags:
         args += [flag, values[flag[2:].replace("-", "_")]]
     namespace = parser.parse_args(args)
     assert set(namespace.options) == set(values)
-    given = {name: value for name, value in namespace.options.items() if name != "delay"}
+    # delay and debounce each set the start, which run_at sets here.
+    given = {k: v for k, v in namespace.options.items() if k not in ("delay", "debounce")}
     spec = JobSpec.create("echo", {}, **given)
     assert spec.options["depends_on"] == (UUID(int=1), UUID(int=2))
     assert spec.options["run_at"] == datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
