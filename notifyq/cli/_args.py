@@ -228,6 +228,16 @@ class TasksArgs(Arguments):
     """``notifyq tasks``."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class FairArgs(Arguments):
+    """``notifyq fair set KEY WEIGHT``, ``notifyq fair unset KEY``, ``notifyq fair list``."""
+
+    action: Literal["set", "unset", "list"]
+    key: str | None = None
+    weight: float | None = None
+    limit: int = 20
+
+
 # -- roles -----------------------------------------------------------------------------
 
 

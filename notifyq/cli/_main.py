@@ -24,6 +24,7 @@ from notifyq.cli._args import (
     DevArgs,
     DoctorArgs,
     EnqueueArgs,
+    FairArgs,
     GrantArgs,
     JobsArgs,
     MigrateArgs,
@@ -84,6 +85,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Invocation]] = {
     "doctor": _command(DoctorArgs, queues.doctor),
     "top": _command(TopArgs, queues.top),
     "tasks": _command(TasksArgs, queues.tasks),
+    "fair": _command(FairArgs, queues.fair),
     "grant": _command(GrantArgs, roles.grant),
 }
 

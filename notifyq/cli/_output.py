@@ -82,6 +82,25 @@ def jobs_table(jobs: Sequence[Job]) -> list[str]:
     return lines
 
 
+def fair_table(
+    weights: Sequence[Mapping[str, Any]], keys: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The lines of ``notifyq fair list``: the weights set, then the busiest keys."""
+    lines = [f"{'KEY':32}  WEIGHT"]
+    lines += [f"{row['fair_key'][:32]:32}  {row['weight']:g}" for row in weights]
+    if not weights:
+        lines.append("(no weight set: every key weighs 1; notifyq fair set KEY WEIGHT)")
+    lines += ["", f"{'QUEUE':16}  {'KEY':32}  {'QUEUED':>8}  {'RUNNING':>8}  WEIGHT"]
+    lines += [
+        f"{row['queue'][:16]:16}  {row['fair_key'][:32]:32}  {row['queued']:>8}  "
+        f"{row['running']:>8}  {row['weight']:g}"
+        for row in keys
+    ]
+    if not keys:
+        lines.append("(no job with a fair_key is queued or running)")
+    return lines
+
+
 def tasks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The lines of ``notifyq tasks`` for the rows of the store's list_tasks."""
     if not rows:
@@ -94,6 +113,7 @@ def tasks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             for part in (
                 f"{row['max_concurrency']} at once" if row["max_concurrency"] else "",
                 f"{row['rate_limit']:g}/s" if row["rate_limit"] else "",
+                f"{options['key_concurrency']} a key" if options.get("key_concurrency") else "",
                 f"cron {options['cron']}" if options.get("cron") else "",
             )
             if part

@@ -14,6 +14,7 @@ from notifyq.cli._args import Arguments, JobStatusName
 from notifyq.cli._errors import EXIT_ERROR, EXIT_JOB_FAILED, EXIT_TIMEOUT, EXIT_USAGE
 from notifyq.grants import KINDS
 from notifyq.jobspec import Option, options
+from notifyq.models import MAX_FAIR_WEIGHT, MIN_FAIR_WEIGHT
 
 A = TypeVar("A", bound=Arguments)
 
@@ -315,6 +316,37 @@ def _queue_commands(commands: _Commands) -> None:
     top = commands.add_parser("top", help="the queues table, refreshed until Ctrl-C")
     top.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     commands.add_parser("tasks", help="list the tasks workers registered, with their options")
+    _fair_commands(commands)
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not MIN_FAIR_WEIGHT <= value <= MAX_FAIR_WEIGHT:
+        raise argparse.ArgumentTypeError(
+            f"a weight is {MIN_FAIR_WEIGHT:g} to {MAX_FAIR_WEIGHT:g}, not {text}"
+        )
+    return value
+
+
+def _fair_commands(commands: _Commands) -> None:
+    fair = commands.add_parser(
+        "fair", help="weigh the fair keys of jobs (a key of weight 4 gets 4 claims for 1's one)"
+    )
+    fair.set_defaults(key=None, weight=None, limit=20)
+    actions = fair.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+    weigh = actions.add_parser("set", help="set a key's weight (1 to 1000; 1 by default)")
+    weigh.add_argument("key", metavar="KEY")
+    weigh.add_argument("weight", metavar="WEIGHT", type=_weight)
+    unset = actions.add_parser("unset", help="give a key back the default weight, 1")
+    unset.add_argument("key", metavar="KEY")
+    listing = actions.add_parser("list", help="the weights set, and the busiest keys")
+    listing.add_argument(
+        "--limit", type=_positive_int, default=20, help="keys to show (at most 100)"
+    )
 
 
 def _role_commands(commands: _Commands) -> None:

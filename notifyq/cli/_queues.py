@@ -1,5 +1,5 @@
-"""The commands about queues and tasks: ``queue``, ``stats``, ``doctor``, ``top`` and
-``tasks``."""
+"""The commands about queues and tasks: ``queue``, ``stats``, ``doctor``, ``top``, ``tasks``
+and ``fair``."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import anyio
 
-from notifyq.cli._args import DoctorArgs, QueueArgs, StatsArgs, TasksArgs, TopArgs
-from notifyq.cli._output import queue_table, tasks_table, use_color
+from notifyq.cli._args import DoctorArgs, FairArgs, QueueArgs, StatsArgs, TasksArgs, TopArgs
+from notifyq.cli._output import fair_table, queue_table, tasks_table, use_color
 from notifyq.client import Queue
 from notifyq.doctor import Health, examine, render
 from notifyq.errors import DatabaseUnavailable
-from notifyq.models import check_name
+from notifyq.models import MAX_FAIR_KEY_LENGTH, check_key, check_name
 from notifyq.settings import Settings
 
 
@@ -100,5 +100,27 @@ def tasks(args: TasksArgs, settings: Settings) -> int:
             return await q.store.list_tasks()
 
     for line in tasks_table(anyio.run(run)):
+        print(line)
+    return 0
+
+
+def fair(args: FairArgs, settings: Settings) -> int:
+    """Sets or removes a fair key's weight, then lists the weights and the busiest keys."""
+    if args.key is not None:
+        check_key("fair_key", args.key, MAX_FAIR_KEY_LENGTH)
+
+    async def run() -> list[str]:
+        async with _queue(settings) as q:
+            if args.action == "set":
+                assert args.key is not None and args.weight is not None
+                await q.store.set_fair_weight(args.key, args.weight)
+            elif args.action == "unset":
+                assert args.key is not None
+                await q.store.unset_fair_weight(args.key)
+            weights = await q.store.fair_weights()
+            keys = await q.store.fair_keys(min(args.limit, 100))
+            return fair_table(weights, keys)
+
+    for line in anyio.run(run):
         print(line)
     return 0

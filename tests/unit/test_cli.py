@@ -16,6 +16,7 @@ MINIMAL_ARGS = {
     "cancel": [str(uuid.UUID(int=1))],
     "queue": ["mail"],
     "grant": ["someone", "--as", "worker"],
+    "fair": ["list"],
 }
 
 
