@@ -7,11 +7,14 @@ seconds (a worker's own port), with the same cheap counts as ``GET /queues``.
 
 Queue and task names come from clients, so the label sets are bounded (:class:`LabelBounds`):
 the first :data:`MAX_QUEUES` queues seen keep their names, later ones are counted under
-``other``; and a task no worker registered is counted under ``other`` too.
+``other``; and a task no worker registered is counted under ``other`` too. Fair keys are
+clients' names as well: only the :data:`MAX_FAIR_KEYS` busiest, read with the queues' depth,
+have series, and a key that leaves them loses its series at the next reading.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 from typing import Any, Generic, Protocol, TypeVar
@@ -19,12 +22,15 @@ from typing import Any, Generic, Protocol, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["CONTENT_TYPE_LATEST", "MAX_QUEUES", "OTHER", "LabelBounds", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "MAX_FAIR_KEYS", "MAX_QUEUES", "OTHER", "LabelBounds", "Metrics"]
 
 #: The label of every queue past the first MAX_QUEUES, and of every task no worker registered.
 OTHER = "other"
 #: Queues that keep their own label.
 MAX_QUEUES = 500
+#: Fair keys (a queue's key each) with series of their own in ``notifyq_fair_key_jobs``: the
+#: busiest ones, whichever they are at each reading.
+MAX_FAIR_KEYS = 20
 #: Distinct (queue, task) pairs of unregistered tasks held until the next scrape decides
 #: whether a worker registered them meanwhile; past it they are counted under OTHER at once.
 MAX_PENDING = 1000
@@ -167,6 +173,13 @@ class Metrics:
             ("queue",),
             registry=r,
         )
+        self.fair_keys = Gauge(
+            "notifyq_fair_key_jobs",
+            f"Jobs queued and running of the {MAX_FAIR_KEYS} fair keys with the most of them "
+            "(by queue); the other keys have no series.",
+            ("queue", "fair_key", "state"),
+            registry=r,
+        )
 
     def _health_families(self) -> None:
         """What ``notifyq doctor`` reads, as gauges (set when /metrics is scraped)."""
@@ -275,6 +288,15 @@ class Metrics:
         for queue, seconds in oldest.items():
             self.oldest.labels(queue).set(seconds)
         self.depth_read_at = time.monotonic()
+
+    def set_fair_keys(self, rows: Iterable[dict[str, Any]]) -> None:
+        """The fair keys' gauges from ``Store.fair_keys`` rows, the first MAX_FAIR_KEYS of
+        them: every series of the reading before goes, so a key that is no longer among the
+        busiest (or has no job left) is not shown with its last counts."""
+        self.fair_keys.clear()
+        for row in itertools.islice(rows, MAX_FAIR_KEYS):
+            for state in ("queued", "running"):
+                self.fair_keys.labels(row["queue"], row["fair_key"], state).set(row[state])
 
     def know_tasks(self, names: Iterable[str]) -> None:
         """The tasks registered by workers (``Store.list_tasks``): these keep their own label

@@ -211,6 +211,10 @@ class JobOut(BaseModel):
     waiting_for_signal: str | None = Field(
         default=None, description="A suspended job: the signal it waits for."
     )
+    fair_key: str | None = Field(
+        default=None,
+        description="Its key for the fair claims (round-robin across a queue's keys); null: none.",
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -243,6 +247,7 @@ class JobOut(BaseModel):
             steps=[StepOut(name=name, finished_at=at) for name, at in job.steps],
             suspended_until=job.suspended_until,
             waiting_for_signal=job.waiting_for_signal,
+            fair_key=job.fair_key,
         )
 
 
@@ -595,6 +600,22 @@ class MinutesOut(BaseModel):
         "its oldest finished job if older. Minutes before it are not missing counts (on a new "
         "database, most of the hour): nothing ended then.",
     )
+
+
+class FairKeyOut(BaseModel):
+    """A fair key of a queue, with its jobs queued and running and its weight."""
+
+    queue: str
+    fair_key: str
+    queued: int = Field(description="Its jobs queued in this queue, due or not.")
+    running: int = Field(description="Its jobs of this queue that workers run now.")
+    weight: float = Field(description="Its share of the fair claims (1 unless set).")
+
+
+class FairKeysOut(BaseModel):
+    """The fair keys with the most jobs queued or running, most first."""
+
+    keys: list[FairKeyOut]
 
 
 #: Why a scheduled job waits: its first run is set for later, a failed attempt waits out its

@@ -1,5 +1,6 @@
 """A worker's upkeep besides rescue: retention of finished jobs (and their archive, when on),
-a warning when the xmin horizon is held back, and queue depth for its own metrics port."""
+a warning when the xmin horizon is held back, and queue depth (with the busiest fair keys) for
+its own metrics port."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from anyio.abc import TaskStatus
 
 from notifyq.doctor import describe_holder
 from notifyq.errors import NotifyQError
-from notifyq.metrics import Metrics
+from notifyq.metrics import MAX_FAIR_KEYS, Metrics
 from notifyq.models import JobStatus
 from notifyq.settings import Settings
 from notifyq.worker._leadership import Leadership
@@ -187,8 +188,8 @@ class HorizonWatch:
 
 
 class DepthReport:
-    """Reads the queues' depth into a worker's own metrics (``--metrics-port``), which has no
-    API to read it when scraped."""
+    """Reads the queues' depth and the busiest fair keys into a worker's own metrics
+    (``--metrics-port``), which has no API to read them when scraped."""
 
     def __init__(self, store: WorkerStore, metrics: Metrics) -> None:
         self._store = store
@@ -200,6 +201,7 @@ class DepthReport:
         while True:
             try:
                 self._metrics.set_depth(await self._store.queue_stats())
+                self._metrics.set_fair_keys(await self._store.fair_keys(limit=MAX_FAIR_KEYS))
             except NotifyQError as exc:
                 logger.warning("reading queue depth failed: %s", exc)
             await anyio.sleep(DEPTH_INTERVAL)

@@ -1,5 +1,6 @@
 """The operators' routes: liveness, readiness, Prometheus metrics, the registered tasks, the
-workers the database knows of, jobs ended per minute, and the dashboard (a page and its assets).
+workers the database knows of, jobs ended per minute, the busiest fair keys, and the dashboard
+(a page and its assets).
 
 ``router`` needs the token when one is set; ``open_router`` (``/health``) and the dashboard's
 files do not (the app lists them in its open paths): liveness probes carry no token, and the
@@ -32,16 +33,20 @@ from notifyq.api.deps import (
     WorkerHost,
 )
 from notifyq.api.middleware import authenticated
-from notifyq.api.schemas import HealthOut, MinutesOut, ReadyOut, TaskOut, WorkerOut
+from notifyq.api.schemas import FairKeysOut, HealthOut, MinutesOut, ReadyOut, TaskOut, WorkerOut
 from notifyq.doctor import examine
 from notifyq.errors import DatabaseUnavailable, NotifyQError
-from notifyq.metrics import CONTENT_TYPE_LATEST
+from notifyq.metrics import CONTENT_TYPE_LATEST, MAX_FAIR_KEYS
 from notifyq.migrations import latest_version
 from notifyq.store import Store
 
 HEALTH_TIMEOUT = 2.0
 #: Queue depth is read from the database at most this often, however often /metrics is scraped.
 DEPTH_MAX_AGE = 2.0
+#: Fair keys GET /stats/fair-keys answers by default, and at most (notifyq.fair_keys_v1 answers
+#: no more).
+FAIR_KEYS_PAGE = 20
+MAX_FAIR_KEYS_PAGE = 100
 STATIC = Path(__file__).resolve().parent.parent.parent / "static"
 #: The dashboard's script: ES modules in static/dashboard/, loaded by main.js (the test of the
 #: dashboard's modules checks this list against the folder).
@@ -54,6 +59,7 @@ DASHBOARD_MODULES = (
     "cron.js",
     "detail.js",
     "dom.js",
+    "fair.js",
     "format.js",
     "hash.js",
     "jobs.js",
@@ -133,6 +139,8 @@ async def prometheus(
                     after = settings.horizon_warn_after
                     health = await examine(store, horizon_warn_after=after)
                     metrics.set_health(**health.figures())
+                    # The busiest fair keys only: clients name keys, so the rest get no series.
+                    metrics.set_fair_keys(await store.fair_keys(limit=MAX_FAIR_KEYS))
         # Rendering takes CPU in proportion to the series; off the loop, other requests (and
         # the in-process worker) go on meanwhile.
         text = await anyio.to_thread.run_sync(metrics.render)
@@ -175,6 +183,23 @@ async def minute_stats(
     rows = await store.minute_stats(minutes=minutes, fill=10)
     since = await store.counted_since()
     return MinutesOut.model_validate({"minutes": rows, "since": since})
+
+
+@router.get(
+    "/stats/fair-keys",
+    response_model=FairKeysOut,
+    summary="The fair keys with the most jobs queued or running, for the dashboard",
+)
+async def fair_key_stats(
+    store: StoreDep,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_FAIR_KEYS_PAGE, description="Most keys answered.")
+    ] = FAIR_KEYS_PAGE,
+) -> FairKeysOut:
+    """Each fair key of each queue with its jobs queued (due or not) and running, and the
+    key's weight, counted on each read; most jobs first. A key with no job queued or running
+    is not listed, nor are jobs without a fair_key."""
+    return FairKeysOut.model_validate({"keys": await store.fair_keys(limit=limit)})
 
 
 @open_router.get(

@@ -2,11 +2,12 @@
 // the page: it wires the controls to the other modules, shows what the address names and
 // starts the poll.
 //
-// The page short-polls the HTTP API (GET /queues, GET /queues/states, GET /jobs, GET /jobs/{id},
-// GET /workflows/{id}, GET /workers, GET /scheduled, GET /periodic) and draws what it gets; the
-// job in the detail pane is followed through its event stream (GET /jobs/{id}/events) while it
-// runs. Every value from the API reaches the page through text nodes or attribute values, never
-// as HTML (dom.js), so payloads, errors and names are shown verbatim and cannot inject markup.
+// The page short-polls the HTTP API (GET /queues, GET /queues/states, GET /stats/fair-keys,
+// GET /jobs, GET /jobs/{id}, GET /workflows/{id}, GET /workers, GET /scheduled, GET /periodic)
+// and draws what it gets; the job in the detail pane is followed through its event stream
+// (GET /jobs/{id}/events) while it runs. Every value from the API reaches the page through text
+// nodes or attribute values, never as HTML (dom.js), so payloads, errors and names are shown
+// verbatim and cannot inject markup.
 //
 // The imports go one way, from here down to the helpers (dom, format, api, state, bus,
 // messages), with the views in between: a module never imports one that imports it back.

@@ -4,6 +4,7 @@ import { refreshHour } from "./charts.js";
 import { connected, trouble } from "./conn.js";
 import { refreshCron } from "./cron.js";
 import { refreshDetail, renderDetail } from "./detail.js";
+import { refreshFair } from "./fair.js";
 import { refreshJobs } from "./jobs.js";
 import { refreshQueues, refreshTasks } from "./queues.js";
 import { refreshScheduled } from "./scheduled.js";
@@ -14,6 +15,9 @@ import { resumeWorkflow } from "./workflow.js";
 
 const TASKS_EVERY = 20; // polls between refreshes of the task names
 const HOUR_EVERY = 7; // polls between reads of the last hour's minutes (about 10 s)
+// Polls between reads of the fair keys (about 6 s): each read counts every queued and running
+// job that has a fair_key.
+const FAIR_EVERY = 4;
 
 function schedule() {
   clearTimeout(state.timer);
@@ -35,6 +39,7 @@ export async function tick() {
   resumeWorkflow();
   if (state.ticks % TASKS_EVERY === 1) work.push(refreshTasks());
   if (state.ticks % HOUR_EVERY === 1) work.push(refreshHour());
+  if (state.ticks % FAIR_EVERY === 1) work.push(refreshFair());
   const results = await Promise.allSettled(work);
   const errors = results.filter((r) => r.status === "rejected").map((r) => r.reason);
   if (errors.length === 0) connected();
