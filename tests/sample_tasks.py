@@ -41,6 +41,21 @@ async def three_steps(payload: dict[str, Any], ctx: JobContext) -> list[str]:
     ]
 
 
+@task(key_concurrency=2)
+async def per_key(payload: dict[str, Any]) -> None:
+    """Holds its slot for payload["seconds"] (default 0.02) and appends "key start end pid" to
+    NQ_RUNS_FILE, on the host's monotonic clock (one clock for every process), so that a test
+    can tell how many jobs of one key ran at once."""
+    began = time.monotonic()
+    await anyio.sleep(float(payload.get("seconds", 0.02)))
+    line = f"{payload['key']} {began:.6f} {time.monotonic():.6f} {os.getpid()}\n".encode()
+    fd = os.open(os.environ["NQ_RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
 def _durable_run(job_id: str, name: str, seconds: float) -> str:
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
         conn.execute(
