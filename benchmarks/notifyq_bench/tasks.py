@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any
 
+import anyio
 import psycopg
 
 from notifyq.context import JobContext
@@ -19,6 +20,10 @@ NOOP = "bench_noop"
 STAMP = "bench_stamp"
 WAIT_SIGNAL = "bench_wait_signal"
 THREE_STEPS = "bench_three_steps"
+SLEEP = "bench_sleep"
+PER_KEY = "bench_per_key"
+#: The ``key_concurrency`` of PER_KEY: jobs of one fair_key running at once, across workers.
+PER_KEY_LIMIT = 2
 #: The table where each run of a three-step job's step function is recorded (the ``durable``
 #: scenario creates it): job_id, name, at (the database's clock when the run began).
 RUNS_TABLE = "bench_durable_runs"
@@ -34,6 +39,22 @@ async def bench_stamp(payload: dict[str, Any]) -> dict[str, float]:
     """Answers the wall-clock time at which it started. The result is written by the worker's
     batched completion anyway, so carrying the stamp there costs the measurement nothing."""
     return {"t": time.time()}
+
+
+@task(SLEEP)
+async def bench_sleep(payload: dict[str, Any]) -> None:
+    """Holds its slot for payload["seconds"] (default 0.01): a job that takes some time."""
+    await anyio.sleep(float(payload.get("seconds", 0.01)))
+
+
+@task(PER_KEY, key_concurrency=PER_KEY_LIMIT)
+async def bench_per_key(payload: dict[str, Any]) -> dict[str, float]:
+    """Holds its slot for payload["seconds"] (default 0.01) and answers when it began and
+    ended on the host's monotonic clock (one clock for every process on the host), so that
+    the jobs of one fair_key running at once can be counted from the results."""
+    began = time.monotonic()
+    await anyio.sleep(float(payload.get("seconds", 0.01)))
+    return {"b": began, "e": time.monotonic()}
 
 
 @task(WAIT_SIGNAL)

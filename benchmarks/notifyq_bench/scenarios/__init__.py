@@ -23,6 +23,7 @@ from notifyq_bench.scenarios import (
     bulk_insert,
     concurrency,
     durable,
+    fair,
     history,
     horizon,
     insert_trigger,
@@ -54,6 +55,7 @@ SCENARIOS: dict[str, Scenario] = {
         concurrency.SCENARIO,
         workflow.SCENARIO,
         durable.SCENARIO,
+        fair.SCENARIO,
         multihost.SCENARIO,
     )
 }

@@ -57,6 +57,13 @@ class Sizes:
     signal_wakes: int = 20
     suspended_jobs: int = 1_000
     kill_trials: int = 3
+    #: The ``fair`` scenario: the flood of one key beside which the other keys' jobs are
+    #: picked up, the rounds of those jobs (one each of nine keys a round), the jobs of the
+    #: key_concurrency part, and the claims counted under weights 4:1.
+    fair_flood: int = 10_000
+    fair_rounds: int = 10
+    fair_capped_jobs: int = 2_000
+    fair_weighted_claims: int = 5_000
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
@@ -86,6 +93,10 @@ class Sizes:
                 signal_wakes=20,
                 suspended_jobs=1_000,
                 kill_trials=3,
+                fair_flood=10_000,
+                fair_rounds=10,
+                fair_capped_jobs=2_000,
+                fair_weighted_claims=5_000,
             )
         return cls(
             idle_seconds=10.0,
@@ -112,6 +123,10 @@ class Sizes:
             signal_wakes=200,
             suspended_jobs=10_000,
             kill_trials=1_000,
+            fair_flood=100_000,
+            fair_rounds=30,
+            fair_capped_jobs=10_000,
+            fair_weighted_claims=20_000,
         )
 
 
