@@ -253,6 +253,40 @@ def test_the_durable_payment_example_runs_end_to_end(db_url: str, tmp_path: Path
     ) == [("charge", 3), ("receipt", 3)]
 
 
+def test_the_multi_tenant_example_serves_the_small_tenant_first(
+    db_url: str, tmp_path: Path
+) -> None:
+    # tenant-a's 100,000 jobs go in first; tenant-b's one job runs within a few of them, not
+    # after them all, and never more than two of tenant-a's run at once (key_concurrency=2).
+    (tmp_path / "tenants.py").write_text(readme_block("# tenants.py"))
+    env = notifyq_env(db_url, PYTHONPATH=f"{tmp_path}:{ROOT}")
+    with processes(tmp_path) as start:
+        worker = start("worker", "--import", "tenants", "--concurrency", "8", env=env, cwd=tmp_path)
+        worker.wait_for_output("ready")
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(readme_block("INSERT INTO notifyq.jobs (task, payload, fair_key)"))
+            deadline = time.monotonic() + 60  # from the commit of both statements
+            while rows(db_url, "SELECT status FROM notifyq.jobs WHERE fair_key = 'tenant-b'") != [
+                ("completed",)
+            ]:
+                assert time.monotonic() < deadline, worker.output()
+                time.sleep(0.02)
+            before = rows(
+                db_url,
+                "SELECT count(*) FROM notifyq.jobs WHERE fair_key = 'tenant-a'"
+                " AND started_at <= (SELECT started_at FROM notifyq.jobs"
+                "                    WHERE fair_key = 'tenant-b')",
+            )[0][0]
+            running = rows(
+                db_url,
+                "SELECT count(*) FROM notifyq.jobs WHERE status = 'processing'",
+            )[0][0]
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.output()
+    assert before <= 10, before
+    assert running <= 2
+
+
 def _wait_for(db_url: str, job_id: str, status: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while rows(db_url, "SELECT status FROM notifyq.jobs WHERE id = %s", job_id) != [(status,)]:
