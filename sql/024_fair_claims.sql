@@ -122,7 +122,11 @@ CREATE TABLE notifyq.fair_weights (
 -- its first (for its jobs without a key already there). A lane that is open already is left
 -- as it is, without a write or a lock; an idle one is opened, its turn forgotten (its row
 -- locked until this transaction ends, which a claim never waits for: it sees the lane idle
--- until then).
+-- until then). A lane that another transaction is opening right now (a producer's, which may
+-- stay open for long) is left to it, under a transaction advisory lock of the lane that is
+-- tried, never waited for: two producers of one key never wait for each other here. Should
+-- that transaction roll back, the maintenance leader opens the lane (tend_lanes_v1 at its next
+-- pass for an idle one, mend_lanes_v1 within a minute for a missing one).
 CREATE FUNCTION notifyq.open_lanes_v1(p_queues text[], p_priorities integer[], p_keys text[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
@@ -144,9 +148,13 @@ BEGIN
     )
     INSERT INTO notifyq.fair_lanes AS l (queue, priority, fair_key)
     SELECT w.queue, w.priority, w.fair_key FROM wanted AS w
-    WHERE NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS o
-                      WHERE o.queue = w.queue AND o.priority = w.priority
-                        AND o.fair_key = w.fair_key AND o.idle_since IS NULL)
+    WHERE CASE WHEN EXISTS (SELECT 1 FROM notifyq.fair_lanes AS o
+                            WHERE o.queue = w.queue AND o.priority = w.priority
+                              AND o.fair_key = w.fair_key AND o.idle_since IS NULL)
+               THEN false
+               ELSE pg_try_advisory_xact_lock(hashtextextended(
+                        'notifyq.lane' || E'\x1f' || w.queue || E'\x1f' || w.priority
+                        || E'\x1f' || w.fair_key, 0)) END
     ORDER BY 1, 2, 3
     ON CONFLICT (queue, priority, fair_key) DO UPDATE
         SET idle_since = NULL, turn = NULL, served_at = NULL;

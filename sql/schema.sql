@@ -2241,9 +2241,13 @@ BEGIN
     )
     INSERT INTO notifyq.fair_lanes AS l (queue, priority, fair_key)
     SELECT w.queue, w.priority, w.fair_key FROM wanted AS w
-    WHERE NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS o
-                      WHERE o.queue = w.queue AND o.priority = w.priority
-                        AND o.fair_key = w.fair_key AND o.idle_since IS NULL)
+    WHERE CASE WHEN EXISTS (SELECT 1 FROM notifyq.fair_lanes AS o
+                            WHERE o.queue = w.queue AND o.priority = w.priority
+                              AND o.fair_key = w.fair_key AND o.idle_since IS NULL)
+               THEN false
+               ELSE pg_try_advisory_xact_lock(hashtextextended(
+                        'notifyq.lane' || E'\x1f' || w.queue || E'\x1f' || w.priority
+                        || E'\x1f' || w.fair_key, 0)) END
     ORDER BY 1, 2, 3
     ON CONFLICT (queue, priority, fair_key) DO UPDATE
         SET idle_since = NULL, turn = NULL, served_at = NULL;

@@ -169,6 +169,25 @@ async def test_the_leader_reopens_removes_and_mends_lanes(conn: Any) -> None:
     assert await _claim(conn, 5) == ["stray"] * 3
 
 
+async def test_producers_of_one_key_never_wait_for_each_other(conn: Any, db_url: str) -> None:
+    """A producer's transaction that opened a key's lane and stays open does not hold up
+    another producer of that key (the lane is left to the first); if the first rolls back,
+    the leader's net opens the lane for the second's job."""
+    await _insert(conn, None, 1)  # the level's claim floor exists (sql/021)
+    assert await _claim(conn, 1) == [""]
+    async with await psycopg.AsyncConnection.connect(db_url) as first:
+        await _insert(first, "shared", 1)  # opens the lane, and stays open
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as second:
+            await second.execute("SET statement_timeout = '5s'")
+            await _insert(second, "shared", 1)  # would wait for `first` without the skip
+            await _insert(second, "idle-key", 1)
+        await first.rollback()
+    assert await _claim(conn, 5) == ["idle-key"]
+    cursor = await conn.execute("SELECT notifyq.mend_lanes_v1()")
+    assert (await cursor.fetchone())[0] == 1
+    assert await _claim(conn, 5) == ["shared"]
+
+
 # -- key_concurrency -----------------------------------------------------------------------------
 
 
