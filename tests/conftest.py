@@ -11,9 +11,12 @@ it runs, from whichever host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -176,3 +179,48 @@ async def conn(db_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """An autocommit connection to this test's database."""
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as connection:
         yield connection
+
+
+# -- The fault suite's bounds, kept from the other test process's load ---------------------------
+
+#: Test files that keep both cores busy with worker processes (besides the tests marked heavy).
+HEAVY_FILES = frozenset(
+    {
+        "test_bench.py",
+        "test_bench_durable.py",
+        "test_bench_fair.py",
+        "test_bench_horizon.py",
+        "test_bench_multihost.py",
+        "test_durable_kills.py",
+        "test_processes.py",
+    }
+)
+
+
+def _turn(item: pytest.Item) -> int | None:
+    """The lock a test takes: a fault-suite test (tests/faults, whose recovery times are bounds
+    on two cores) runs alone among the heavy tests, which share among themselves."""
+    if "faults" in item.path.parts:
+        return fcntl.LOCK_EX
+    if item.get_closest_marker("heavy") or item.path.name in HEAVY_FILES:
+        return fcntl.LOCK_SH
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Between the xdist processes of one run, a fault-suite test waits for the heavy tests of
+    the other process and they wait for it: a test elsewhere that keeps both cores busy would
+    otherwise move the fault suite's recovery times past their bounds. The lock is a file in
+    the run's own temporary folder, taken before pytest-timeout's timer starts (the wait is
+    not the test's time)."""
+    how = _turn(item)
+    factory = getattr(item.config, "_tmp_path_factory", None)
+    if how is None or factory is None or "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    lock = Path(factory.getbasetemp()).parent / "notifyq-faults-apart.lock"
+    with lock.open("a") as handle, contextlib.ExitStack() as held:
+        fcntl.flock(handle, how)
+        held.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+        yield

@@ -207,6 +207,7 @@ async def test_key_concurrency_holds_in_the_claim(conn: Any) -> None:
     assert await _claim(conn, 20, "capped") == ["a"]
 
 
+@pytest.mark.heavy
 def test_key_concurrency_holds_across_worker_processes(db_url: str, tmp_path: Path) -> None:
     """key_concurrency=2, four worker processes of eight slots each, 400 jobs over ten keys:
     never more than two jobs of one key run at once (each run's start and end are written by
@@ -271,6 +272,7 @@ def _wait_for(
         time.sleep(0.05)
 
 
+@pytest.mark.heavy
 def test_weights_hold_across_worker_processes(db_url: str, tmp_path: Path) -> None:
     """Three worker processes claiming at once, keys a (weight 4) and b both backlogged: a
     takes about four of every five jobs, however the claims race for the two lanes."""
@@ -300,6 +302,7 @@ def test_weights_hold_across_worker_processes(db_url: str, tmp_path: Path) -> No
     assert 0.72 <= share <= 0.88, share
 
 
+@pytest.mark.heavy
 def test_every_key_is_served_beside_a_flood_across_worker_processes(
     db_url: str, tmp_path: Path
 ) -> None:
