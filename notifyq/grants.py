@@ -57,8 +57,6 @@ PRODUCER_FUNCTIONS = (
     "job_defaults_v1(text[], jsonb[], text[], integer[], integer[], integer)",
     "enqueue_v4(text, jsonb, text, integer, timestamptz, float8, text, integer, integer, uuid[], "
     "text, uuid, uuid, jsonb)",
-    "enqueue_many_v5(text[], jsonb[], text[], integer[], timestamptz[], float8[], text[], "
-    "integer[], integer, text[], text[], uuid[], uuid[], jsonb, text[])",
     "job_v1(uuid)",
     # sql/024: the enqueues that take a fair_key, on_conflict and debounce, and the read of a
     # job that shows its fair_key.

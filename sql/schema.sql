@@ -179,6 +179,7 @@ CREATE FUNCTION notifyq.anything_follows_v1(p_ids uuid[], p_group_keys text[]) R
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     RETURN p_group_keys IS NOT NULL
@@ -1195,110 +1196,6 @@ CREATE FUNCTION notifyq.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, qu
                                             debounce) AS e;
 $$;
 
-CREATE FUNCTION notifyq.enqueue_many_v4(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
-    v_row_by_row boolean := EXISTS (SELECT 1 FROM unnest(p_dedup_keys) AS k WHERE k IS NOT NULL)
-                            AND EXISTS (SELECT 1 FROM unnest(p_group_keys) AS k
-                                        WHERE k IS NOT NULL);
-    v_set record;
-BEGIN
-    WITH input AS MATERIALIZED (
-        SELECT u.ord, coalesce(u.id, notifyq.uuid_v7()) AS id,
-               coalesce(u.payload, '{}'::jsonb) AS payload,
-               coalesce(u.run_at, now() + make_interval(secs => coalesce(u.delay, 0))) AS run_at,
-               coalesce(u.depends_on::uuid[], '{}') AS depends_on, u.group_key, u.workflow_id,
-               u.dedup_key
-        FROM ROWS FROM (unnest(p_payloads), unnest(p_run_ats), unnest(p_delays),
-                        unnest(p_dedup_keys), unnest(p_depends_on), unnest(p_group_keys),
-                        unnest(p_workflow_ids), unnest(p_ids)) WITH ORDINALITY
-             AS u(payload, run_at, delay, dedup_key, depends_on, group_key, workflow_id, id, ord)
-    ), inserted AS (
-        INSERT INTO notifyq.jobs (id, task, payload, queue, priority, run_at, max_attempts,
-                                  depends_on, group_key, workflow_id, trace_context)
-        SELECT i.id, d.task, i.payload, d.queue, d.priority, i.run_at, d.max_attempts,
-               i.depends_on, i.group_key, i.workflow_id, p_trace_context
-        FROM input AS i
-        JOIN notifyq.job_defaults_v1(p_tasks, p_payloads, p_queues, p_priorities,
-                                     p_max_attempts, p_fallback) AS d ON d.ord = i.ord
-        WHERE i.dedup_key IS NULL AND NOT v_row_by_row
-        ORDER BY i.ord
-        RETURNING id, status, created_at
-    )
-    SELECT array_agg(i.ord::integer) AS ords, array_agg(i.id) AS ids,
-           array_agg(x.status) AS statuses, array_agg(i.run_at) AS run_ats,
-           array_agg(x.created_at) AS created,
-           array_agg(i.id) FILTER (WHERE x.status = 'waiting') AS waiting
-    INTO v_set
-    FROM input AS i JOIN inserted AS x ON x.id = i.id;
-    IF v_set.waiting IS NOT NULL THEN
-        -- Jobs whose parent had ended are cancelled now, and those of this batch that depend
-        -- on them after them: their statuses are read back.
-        PERFORM notifyq.doom_waiting_v1(v_set.waiting);
-    END IF;
-    RETURN QUERY
-    SELECT u.ord, u.id, false,
-           CASE WHEN v_set.waiting IS NULL THEN u.status
-                ELSE (SELECT j.status FROM notifyq.jobs AS j WHERE j.id = u.id) END,
-           u.run_at, u.created_at
-    FROM unnest(v_set.ords, v_set.ids, v_set.statuses, v_set.run_ats, v_set.created)
-         AS u(ord, id, status, run_at, created_at);
-
-    IF p_dedup_keys IS NOT NULL THEN
-        FOR r IN
-            SELECT u.*
-            FROM ROWS FROM (unnest(p_tasks), unnest(p_payloads), unnest(p_queues),
-                            unnest(p_priorities), unnest(p_run_ats), unnest(p_delays),
-                            unnest(p_dedup_keys), unnest(p_max_attempts), unnest(p_depends_on),
-                            unnest(p_group_keys), unnest(p_workflow_ids), unnest(p_ids))
-                 WITH ORDINALITY
-                 AS u(task, payload, queue, priority, run_at, delay, dedup_key, max_attempts,
-                      depends_on, group_key, workflow_id, id, ord)
-            WHERE u.dedup_key IS NOT NULL OR v_row_by_row
-            ORDER BY u.ord
-        LOOP
-            RETURN QUERY
-            SELECT r.ord::integer, e.job_id, e.duplicate, e.status, e.run_at, e.created_at
-            FROM notifyq.enqueue_v4(r.task, r.payload, r.queue, r.priority, r.run_at, r.delay,
-                                    r.dedup_key, r.max_attempts, p_fallback,
-                                    r.depends_on::uuid[], r.group_key, r.workflow_id, r.id,
-                                    p_trace_context) AS e;
-        END LOOP;
-    END IF;
-END;
-$$;
-
-CREATE FUNCTION notifyq.enqueue_many_v5(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb, p_refs text[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    IF EXISTS (SELECT 1
-               FROM ROWS FROM (unnest(p_refs), unnest(p_ids), unnest(p_dedup_keys))
-                    AS u(ref, id, dedup_key)
-               WHERE u.ref IS NOT NULL AND (u.id IS NULL OR u.dedup_key IS NOT NULL)) THEN
-        RAISE EXCEPTION 'notifyq.enqueue_many_v5: a job with a ref (a workflow''s) needs an id '
-                        'of its own and no dedup key'
-            USING ERRCODE = 'check_violation';
-    END IF;
-    RETURN QUERY
-    SELECT * FROM notifyq.enqueue_many_v4(p_tasks, p_payloads, p_queues, p_priorities,
-                                          p_run_ats, p_delays, p_dedup_keys, p_max_attempts,
-                                          p_fallback, p_depends_on, p_group_keys,
-                                          p_workflow_ids, p_ids, p_trace_context);
-    IF p_refs IS NOT NULL THEN
-        UPDATE notifyq.jobs AS j SET ref = u.ref
-        FROM ROWS FROM (unnest(p_ids), unnest(p_refs)) AS u(id, ref)
-        WHERE j.id = u.id AND u.ref IS NOT NULL;
-    END IF;
-END;
-$$;
-
 CREATE FUNCTION notifyq.enqueue_many_v6(p_tasks text[], p_payloads jsonb[], p_queues text[], p_priorities integer[], p_run_ats timestamp with time zone[], p_delays double precision[], p_dedup_keys text[], p_max_attempts integer[], p_fallback integer, p_depends_on text[], p_group_keys text[], p_workflow_ids uuid[], p_ids uuid[], p_trace_context jsonb, p_refs text[], p_fair_keys text[], p_on_conflicts text[], p_debounces double precision[]) RETURNS TABLE(ord integer, job_id uuid, duplicate boolean, status text, run_at timestamp with time zone, created_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2165,6 +2062,7 @@ CREATE FUNCTION notifyq.next_due_v3(p_tasks text[], p_queues text[]) RETURNS dou
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     RETURN extract(epoch FROM least(
@@ -2558,24 +2456,6 @@ BEGIN
                                'Live jobs are in notifyq.jobs, finished ones in '
                                'notifyq.jobs_done.' END;
 END;
-$$;
-
-CREATE FUNCTION notifyq.register_task_v1(p_name text, p_max_attempts integer, p_options jsonb, p_breaker_threshold integer, p_breaker_cooldown double precision, p_max_concurrency integer, p_rate_limit double precision, p_rate_burst double precision) RETURNS void
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    INSERT INTO notifyq.tasks (name, max_attempts, options, breaker_threshold, breaker_cooldown,
-                               max_concurrency, rate_limit, rate_burst, rate_tokens, updated_at)
-    VALUES (p_name, p_max_attempts, p_options, p_breaker_threshold, p_breaker_cooldown,
-            p_max_concurrency, p_rate_limit, p_rate_burst, coalesce(p_rate_burst, 0), now())
-    ON CONFLICT (name) DO UPDATE
-    SET max_attempts = EXCLUDED.max_attempts, options = EXCLUDED.options,
-        breaker_threshold = EXCLUDED.breaker_threshold,
-        breaker_cooldown = EXCLUDED.breaker_cooldown,
-        max_concurrency = EXCLUDED.max_concurrency,
-        rate_limit = EXCLUDED.rate_limit,
-        rate_burst = EXCLUDED.rate_burst,
-        updated_at = now();
 $$;
 
 CREATE FUNCTION notifyq.register_task_v2(p_name text, p_max_attempts integer, p_options jsonb, p_breaker_threshold integer, p_breaker_cooldown double precision, p_max_concurrency integer, p_rate_limit double precision, p_rate_burst double precision, p_key_concurrency integer) RETURNS void

@@ -35,8 +35,8 @@ FUNCTIONS = {
     "archive_prepare_v1": True, "archive_v1": False, "archived_jobs_v1": False, "beat_v1": False,
     "cancel_job_v2": False, "cancel_running_v3": False, "claim_limited_v4": False,
     "claim_v4": False, "clock_v1": False, "complete_and_claim_v2": False, "complete_v3": False,
-    "doom_waiting_v1": False, "end_jobs_v1": False, "enqueue": True, "enqueue_many_v4": True,
-    "enqueue_many_v5": True, "enqueue_tick_v2": False, "enqueue_v3": True, "enqueue_v4": True,
+    "doom_waiting_v1": False, "end_jobs_v1": False, "enqueue": True, "enqueue_tick_v2": False,
+    "enqueue_v3": True, "enqueue_v4": True,
     "fail_v3": False, "fail_v4": False, "fill_defaults_v3": False, "floor_requeued_v1": True,
     "floors_inserted_v1": True, "forget_defaults_v1": False, "holds_v1": False,
     "job_defaults_v1": True, "job_v1": True, "join_workflow_v1": True,
@@ -48,7 +48,7 @@ FUNCTIONS = {
     "prune_ticks_v1": False, "prune_v2": False, "raise_floors_v1": False,
     "recheck_waiting_v1": True, "refresh_waiting_v1": False, "refresh_watches_v1": True,
     "refuse_overflow_v1": True, "refuse_row_v1": False, "refuse_status_v1": False,
-    "register_task_v1": False, "release_v3": False, "rescue_v3": False, "resign_v1": True,
+    "release_v3": False, "rescue_v3": False, "resign_v1": True,
     "retry_v1": False, "retry_v2": False, "revive_v1": False, "seal_floors_v1": False,
     "settle_v1": False, "settle_v2": False, "snooze_v1": False, "start_jobs_v3": False,
     "take_probes_v1": False, "unwatch_v1": True, "uuid_v7": False, "wake_v1": False,
@@ -66,7 +66,7 @@ PUBLIC = {"enqueue", "signal"}
 #: What a producer may run besides: its enqueues (the id, the defaults an insert's trigger
 #: asks for), the read of a job by its id, and the watches of Queue.wait.
 PRODUCER = PUBLIC | {
-    "uuid_v7", "keep_task_defaults_v2", "job_defaults_v1", "enqueue_v4", "enqueue_many_v5",
+    "uuid_v7", "keep_task_defaults_v2", "job_defaults_v1", "enqueue_v4",
     "job_v1", "watch_v1", "refresh_watches_v1", "unwatch_v1",
     "job_v2", "signal_v1",  # sql/023: a job's read with its steps; Queue.signal
     "enqueue_v5", "enqueue_many_v6",  # sql/024: with a fair_key, on_conflict, debounce

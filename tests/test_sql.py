@@ -176,11 +176,11 @@ async def test_a_duplicate_claimed_meanwhile_gets_a_new_job(db_url: str, conn: A
 
 async def test_enqueue_many_function_keeps_input_order(conn: Any) -> None:
     cursor = await conn.execute(
-        """SELECT ord, duplicate FROM notifyq.enqueue_many_v5(
+        """SELECT ord, duplicate FROM notifyq.enqueue_many_v6(
                ARRAY['echo', 'echo', 'echo', 'echo'], ARRAY['{}', '{}', '{}', '{}']::jsonb[],
                ARRAY['default', 'default', 'default', 'other'], ARRAY[0, 0, 0, 0],
                NULL, NULL, ARRAY[NULL, 'd', 'd', 'd'], NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               NULL) ORDER BY ord"""
+               NULL, NULL, NULL, NULL) ORDER BY ord"""
     )
     assert await cursor.fetchall() == [(1, False), (2, False), (3, True), (4, False)]
 

@@ -35,16 +35,7 @@ from tests.helpers import ROOT
 #: Functions that no code of this version names and that workers of the previous version may
 #: still call, by their signature (``oid::regprocedure``), with the last schema version whose
 #: released code calls them. One may stay here while that version is this one or the one before.
-KEPT_FOR_OLDER_WORKERS: dict[str, int] = {
-    # Version 23's enqueues (sql/018, which wraps the first) and task registration: sql/024's
-    # take a fair_key, on_conflict, debounce and key_concurrency.
-    "notifyq.enqueue_many_v5(text[],jsonb[],text[],integer[],timestamp with time zone[],"
-    "double precision[],text[],integer[],integer,text[],text[],uuid[],uuid[],jsonb,text[])": 23,
-    "notifyq.enqueue_many_v4(text[],jsonb[],text[],integer[],timestamp with time zone[],"
-    "double precision[],text[],integer[],integer,text[],text[],uuid[],uuid[],jsonb)": 23,
-    "notifyq.register_task_v1(text,integer,jsonb,integer,double precision,integer,"
-    "double precision,double precision)": 23,
-}
+KEPT_FOR_OLDER_WORKERS: dict[str, int] = {}
 
 #: A call of a function of schema notifyq, as SQL writes it (every caller names the schema: each
 #: function pins a search_path of pg_catalog only). Relations match too (``INSERT INTO

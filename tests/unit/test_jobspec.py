@@ -113,7 +113,7 @@ def test_the_store_sends_every_option_by_its_name() -> None:
 
 
 def test_every_enqueue_statement_names_every_option() -> None:
-    """The statements that store a job through notifyq.enqueue_v4 / enqueue_many_v5 pass
+    """The statements that store a job through notifyq.enqueue_v5 / enqueue_many_v6 pass
     each option by its name; the plain INSERTs those marked plain."""
     queries = load_queries()
     for name, option in options().items():
