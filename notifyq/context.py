@@ -96,7 +96,9 @@ class DurableState:
         self._claim = claim
         self._limiter = limiter
         self._loaded = False
-        self._lock = anyio.Lock()
+        #: Made at the first step: most jobs take none (a lock is a microsecond of the ~25 a
+        #: worker spends in Python on a job).
+        self._lock: anyio.Lock | None = None
         self.steps: dict[str, Any] = {}
         self.marks: dict[tuple[str, str], Any] = {}
         self.signals: dict[str, Any] = {}
@@ -125,6 +127,8 @@ class DurableState:
 
     async def step(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         _check_name(name, "a step's name")
+        if self._lock is None:
+            self._lock = anyio.Lock()
         async with self._lock:  # two steps of one name started together run once
             await self.load()
             if name in self.steps:
