@@ -178,7 +178,8 @@ async def test_behind_a_pinned_horizon_a_claim_reads_what_the_last_raise_left(
     assert after - before <= 10, f"the claim read {after - before} index entries"
 
 
-#: Sequential scans of the live table made in this transaction.
+#: Sequential scans of the live table that this session made and has not yet reported to the
+#: statistics (a transaction reports none before it ends): in a transaction, at least its own.
 SEQ_SCANS = "SELECT pg_stat_get_xact_numscans('notifyq.jobs'::regclass)::int"
 
 
