@@ -482,13 +482,12 @@ CREATE FUNCTION notifyq.claim_fair_v1(p_queue text, p_priority integer, p_floor_
 DECLARE
     v_ids uuid[] := '{}';
     v_tried text[] := '{}';
-    v_waited boolean := false;
-    v_horizon float8;
+    v_waits integer := 0;
+    v_first text;
     v_low float8;
     v_keys text[];
     v_starts float8[];
     v_weights float8[];
-    v_mine boolean[];
     v_took integer[];
     v_dry boolean[];
     v_left integer;
@@ -513,75 +512,48 @@ BEGIN
     v_not := p_skip || coalesce(v_kc_tasks, '{}');
 
     LOOP
-        -- The lanes in line and those of them this claim holds, lowest turn first (held ones
-        -- first at a tie); a new lane's turn is set below.
-        WITH line AS (
-            SELECT l.fair_key, l.turn, l.served_at FROM notifyq.fair_lanes AS l
-            WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
-              AND l.fair_key <> ALL(v_tried)
-            ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
-            LIMIT p_limit
-        ), held AS (
-            SELECT l.fair_key, l.turn, l.served_at FROM notifyq.fair_lanes AS l
-            WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
-              AND l.fair_key <> ALL(v_tried)
-            ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
-            LIMIT p_limit
-            FOR NO KEY UPDATE OF l SKIP LOCKED
-        ), lanes AS (
-            SELECT h.fair_key, h.turn, h.served_at, true AS mine FROM held AS h
-            UNION ALL
-            SELECT i.fair_key, i.turn, i.served_at, false FROM line AS i
-            WHERE i.fair_key NOT IN (SELECT h.fair_key FROM held AS h)
-        )
-        SELECT array_agg(s.fair_key ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST,
-                                             s.mine DESC, s.fair_key),
-               array_agg(s.turn ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST,
-                                         s.mine DESC, s.fair_key),
+        -- The lanes this claim holds: the first p_limit open ones, lowest turn first, that no
+        -- other claim holds; a new lane's turn is set below.
+        SELECT array_agg(h.fair_key ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST,
+                                             h.fair_key),
+               array_agg(h.turn ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST,
+                                         h.fair_key),
                array_agg(coalesce(w.weight, 1)
-                         ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST, s.mine DESC,
-                                  s.fair_key),
-               array_agg(s.mine ORDER BY s.turn NULLS FIRST, s.served_at NULLS FIRST,
-                                         s.mine DESC, s.fair_key)
-        INTO v_keys, v_starts, v_weights, v_mine
-        FROM lanes AS s
-        LEFT JOIN notifyq.fair_weights AS w ON w.fair_key = s.fair_key;
-        EXIT WHEN v_keys IS NULL;
-        IF true <> ALL(v_mine) THEN
-            -- Every lane in line is another claim's now: wait for the first, then look again
-            -- (once: a claim that still holds none leaves the level to the others).
-            EXIT WHEN v_waited OR cardinality(v_tried) > 0;
+                         ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST, h.fair_key)
+        INTO v_keys, v_starts, v_weights
+        FROM (SELECT l.fair_key, l.turn, l.served_at FROM notifyq.fair_lanes AS l
+              WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
+                AND l.fair_key <> ALL(v_tried)
+              ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
+              LIMIT p_limit
+              FOR NO KEY UPDATE OF l SKIP LOCKED) AS h
+        LEFT JOIN notifyq.fair_weights AS w ON w.fair_key = h.fair_key;
+        IF v_keys IS NULL THEN
+            -- Every open lane is another claim's now (or none is left): before it has served
+            -- any, this claim waits for the first in line, then looks again. Claims are short,
+            -- and a claim that left here empty-handed would put its worker to sleep until its
+            -- next poll while the lanes still hold work.
+            EXIT WHEN cardinality(v_tried) > 0 OR v_waits >= 8;
+            SELECT l.fair_key INTO v_first FROM notifyq.fair_lanes AS l
+            WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
+            ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
+            LIMIT 1;
+            EXIT WHEN v_first IS NULL;
             PERFORM 1 FROM notifyq.fair_lanes AS l
-            WHERE l.queue = p_queue AND l.priority = p_priority AND l.fair_key = v_keys[1]
+            WHERE l.queue = p_queue AND l.priority = p_priority AND l.fair_key = v_first
             FOR NO KEY UPDATE;
-            v_waited := true;
+            v_waits := v_waits + 1;
             CONTINUE;
         END IF;
         IF array_position(v_starts, NULL) IS NOT NULL THEN
-            -- A new lane starts level with the lowest turn of the open lanes: the first of
-            -- those in line that has one (they come lowest first), else the level's.
+            -- A new lane starts level with the lowest turn of the open lanes, held or not.
             IF v_low IS NULL THEN
-                v_low := (SELECT min(t) FROM unnest(v_starts) AS t);
-                IF v_low IS NULL THEN
-                    SELECT min(l.turn) INTO v_low FROM notifyq.fair_lanes AS l
-                    WHERE l.queue = p_queue AND l.priority = p_priority
-                      AND l.idle_since IS NULL;
-                END IF;
+                SELECT min(l.turn) INTO v_low FROM notifyq.fair_lanes AS l
+                WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL;
                 v_low := coalesce(v_low, 0);
             END IF;
             v_starts := ARRAY(SELECT coalesce(t, v_low)
                               FROM unnest(v_starts) WITH ORDINALITY AS u(t, o) ORDER BY o);
-        END IF;
-        IF false = ANY(v_mine) THEN
-            -- The turn the lanes other claims hold reach while those claims take their jobs.
-            v_horizon := least(v_horizon, (
-                SELECT max(s.t) FROM (
-                    SELECT l.start + g.i / l.weight AS t
-                    FROM unnest(v_starts, v_weights, v_mine) AS l(start, weight, mine)
-                    CROSS JOIN LATERAL generate_series(0, p_limit) AS g(i)
-                    WHERE NOT l.mine
-                    ORDER BY 1
-                    LIMIT p_limit + 1) AS s));
         END IF;
         v_batch := cardinality(v_keys);
         v_tried := v_tried || v_keys;
@@ -597,9 +569,9 @@ BEGIN
             -- each lane gave; a lane that gave less than its share is dry for this claim.
             WITH lanes AS (
                 SELECT l.fair_key, l.start, l.weight, l.took, l.o
-                FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry, v_mine) WITH ORDINALITY
-                     AS l(fair_key, start, weight, took, dry, mine, o)
-                WHERE l.mine AND NOT l.dry
+                FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry) WITH ORDINALITY
+                     AS l(fair_key, start, weight, took, dry, o)
+                WHERE NOT l.dry
             ), edge AS (
                 SELECT least(min(l.start + (l.took + v_left - 1) / l.weight),
                              (v_left + sum(l.took + l.start * l.weight)) / sum(l.weight) + 1)
@@ -614,8 +586,6 @@ BEGIN
                           0, least(v_left - 1,
                                    greatest(floor((edge.e - l.start) * l.weight) - l.took, 0)
                                    ::integer + 1)) AS g(i)
-                      WHERE v_horizon IS NULL
-                         OR l.start + (l.took + g.i) / l.weight < v_horizon
                       ORDER BY l.start + (l.took + g.i) / l.weight, l.o
                       LIMIT v_left) AS s
                 GROUP BY s.fair_key
@@ -716,9 +686,7 @@ BEGIN
                     END IF;
                 END LOOP;
             END IF;
-            EXIT WHEN cardinality(v_ids) >= p_limit
-                   OR NOT EXISTS (SELECT 1 FROM unnest(v_mine, v_dry) AS m(mine, dry)
-                                  WHERE m.mine AND NOT m.dry);
+            EXIT WHEN cardinality(v_ids) >= p_limit OR false <> ALL(v_dry);
         END LOOP;
 
         -- The held lanes' turns move on by what each gave; one that gave nothing goes to the
@@ -733,9 +701,9 @@ BEGIN
                                                AND l.idle_since IS NULL), k.start) END),
                array_agg(k.fair_key) FILTER (WHERE k.took = 0)
         INTO v_moved, v_turns, v_empty
-        FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry, v_mine)
-             AS k(fair_key, start, weight, took, dry, mine)
-        WHERE k.mine AND (k.took > 0 OR k.dry);
+        FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry)
+             AS k(fair_key, start, weight, took, dry)
+        WHERE k.took > 0 OR k.dry;
         IF v_moved IS NOT NULL THEN
             UPDATE notifyq.fair_lanes AS l
             SET turn = v_turns[array_position(v_moved, l.fair_key)],

@@ -118,6 +118,32 @@ async def test_weights_share_the_claims_four_to_one(conn: Any) -> None:
     assert counts.total() == 2000 and 0.76 <= share <= 0.84, counts
 
 
+async def test_a_claim_beside_another_fills_itself_from_the_lanes_it_holds(
+    conn: Any, db_url: str
+) -> None:
+    """Two claims at once, the second able to lock only a lane further back: it takes its
+    share from that lane instead of coming back empty (which would put its worker to sleep
+    until its poll while the lanes hold work), and the turns settle the difference after."""
+    await _insert(conn, "front", 10)
+    await _insert(conn, "back", 10)
+    await conn.execute(
+        "UPDATE notifyq.fair_lanes SET turn = CASE fair_key WHEN 'front' THEN 0 ELSE 5 END "
+        "WHERE fair_key IN ('front', 'back')"
+    )
+    async with await psycopg.AsyncConnection.connect(db_url) as first:
+        assert await _claim(first, 1) == ["front"]  # holds the lane in front, and stays open
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as second:
+            await second.execute("SET statement_timeout = '5s'")
+            assert await _claim(second, 4) == ["back"] * 4
+        await first.commit()
+    cursor = await conn.execute(
+        "SELECT fair_key, turn FROM notifyq.fair_lanes WHERE fair_key IN ('front', 'back')"
+    )
+    assert dict(await cursor.fetchall()) == {"front": 1, "back": 9}
+    # The lane that fell behind comes first until the turns meet.
+    assert await _claim(conn, 8) == ["front"] * 8
+
+
 async def test_a_key_that_ran_dry_starts_level_with_the_others(conn: Any) -> None:
     """A key that comes back after its lane went idle banks no credit for the time it had
     nothing queued: it alternates with the busy key at once."""
@@ -300,6 +326,30 @@ def test_weights_hold_across_worker_processes(db_url: str, tmp_path: Path) -> No
     assert len(keys) == 1000
     share = keys.count("a") / len(keys)
     assert 0.72 <= share <= 0.88, share
+
+
+@pytest.mark.heavy
+def test_worker_processes_share_a_backlog_of_keyed_jobs(db_url: str, tmp_path: Path) -> None:
+    """Three worker processes drain 20 keys' jobs of 20 ms together: a claim that finds the
+    lanes taken by another's does not send its worker to sleep until the poll (5 s, longer
+    than the whole drain), so each runs a fair part of the jobs."""
+    env = notifyq_env(db_url)
+    with psycopg.connect(db_url, autocommit=True) as db:
+        with processes(tmp_path) as start:
+            workers = [start("worker", "--concurrency", "4", env=env) for _ in range(3)]
+            for worker in workers:
+                worker.wait_for_output("ready")
+            db.execute(
+                """INSERT INTO notifyq.jobs (task, payload, fair_key)
+                   SELECT 'sleep', '{"seconds": 0.02}', 'k' || (i % 20)
+                   FROM generate_series(1, 600) AS i ORDER BY i"""
+            )
+            _wait_for(db, "SELECT count(*) FROM notifyq.jobs_done", 600, timeout=60)
+            _stop(workers)
+        ran = Counter(
+            dict(db.execute("SELECT worker_id, count(*) FROM notifyq.jobs_done GROUP BY 1"))
+        )
+    assert ran.total() == 600 and len(ran) == 3 and min(ran.values()) >= 100, ran
 
 
 @pytest.mark.heavy
