@@ -43,6 +43,7 @@ PRODUCER_COLUMNS = ("id", "task", "payload", "queue", "priority", "run_at", "ded
 WORKER_TABLES = (
     "jobs", "jobs_done", "claim_floors", "tasks", "queues", "periodic_ticks", "waiting_workers",
     "watched_jobs", "minute_stats", "job_steps", "job_signals", "fair_lanes", "fair_weights",
+    "lane_floors",
 )  # fmt: skip
 #: Tables a worker only reads.
 WORKER_READS = ("settings", "migrations")

@@ -172,17 +172,19 @@ SELECT id FROM notifyq.progress_v1(%(worker_id)s, %(ids)b::uuid[], %(claims)b::i
 -- name: rescue_expired
 SELECT id, status, counted FROM notifyq.rescue_v3(%(limit)s)
 
--- The claim floors' two statements (see notifyq.raise_floors_v1 and seal_floors_v1, sql/021):
--- each in a transaction of its own, the second after the first commits.
+-- The claim floors' two statements, the lanes' floors with them (see notifyq.raise_floors_v1 and
+-- seal_floors_v1, sql/021, and their second versions, sql/027): each in a transaction of its
+-- own, the second after the first commits.
 -- name: raise_floors
-SELECT notifyq.raise_floors_v1();
+SELECT notifyq.raise_floors_v2();
 
 -- name: seal_floors
-SELECT notifyq.seal_floors_v1();
+SELECT notifyq.seal_floors_v2();
 
--- The net under the floors (notifyq.mend_floors_v1): answers the floors made or lowered.
+-- The net under the floors and the lanes' floors (notifyq.mend_floors_v2): answers the floors
+-- made, lowered or removed.
 -- name: mend_floors
-SELECT notifyq.mend_floors_v1();
+SELECT notifyq.mend_floors_v2();
 
 -- The leader's care of the fair lanes (sql/024): answers the lanes opened.
 -- name: tend_lanes

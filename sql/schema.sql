@@ -488,6 +488,8 @@ DECLARE
     v_keys text[];
     v_starts float8[];
     v_weights float8[];
+    v_fruns timestamptz[];
+    v_fids uuid[];
     v_took integer[];
     v_dry boolean[];
     v_left integer;
@@ -513,21 +515,30 @@ BEGIN
 
     LOOP
         -- The lanes this claim holds: the first p_limit open ones, lowest turn first, that no
-        -- other claim holds; a new lane's turn is set below.
+        -- other claim holds, each with where its jobs start (the higher of the level's floor and
+        -- the lane's own); a new lane's turn is set below.
         SELECT array_agg(h.fair_key ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST,
                                              h.fair_key),
                array_agg(h.turn ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST,
                                          h.fair_key),
                array_agg(coalesce(w.weight, 1)
+                         ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST, h.fair_key),
+               array_agg(CASE WHEN (f.run_at, f.id) > (p_floor_run_at, p_floor_id)
+                              THEN f.run_at ELSE p_floor_run_at END
+                         ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST, h.fair_key),
+               array_agg(CASE WHEN (f.run_at, f.id) > (p_floor_run_at, p_floor_id)
+                              THEN f.id ELSE p_floor_id END
                          ORDER BY h.turn NULLS FIRST, h.served_at NULLS FIRST, h.fair_key)
-        INTO v_keys, v_starts, v_weights
+        INTO v_keys, v_starts, v_weights, v_fruns, v_fids
         FROM (SELECT l.fair_key, l.turn, l.served_at FROM notifyq.fair_lanes AS l
               WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
                 AND l.fair_key <> ALL(v_tried)
               ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
               LIMIT p_limit
               FOR NO KEY UPDATE OF l SKIP LOCKED) AS h
-        LEFT JOIN notifyq.fair_weights AS w ON w.fair_key = h.fair_key;
+        LEFT JOIN notifyq.fair_weights AS w ON w.fair_key = h.fair_key
+        LEFT JOIN notifyq.lane_floors AS f
+          ON f.queue = p_queue AND f.priority = p_priority AND f.fair_key = h.fair_key;
         IF v_keys IS NULL THEN
             -- Every open lane is another claim's now (or none is left): before it has served
             -- any, this claim waits for the first in line, then looks again. Claims are short,
@@ -568,9 +579,9 @@ BEGIN
             -- the last job the lane first in line would give alone), its jobs locked, and what
             -- each lane gave; a lane that gave less than its share is dry for this claim.
             WITH lanes AS (
-                SELECT l.fair_key, l.start, l.weight, l.took, l.o
-                FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry) WITH ORDINALITY
-                     AS l(fair_key, start, weight, took, dry, o)
+                SELECT l.fair_key, l.start, l.weight, l.took, l.o, l.frun, l.fid
+                FROM unnest(v_keys, v_starts, v_weights, v_took, v_dry, v_fruns, v_fids)
+                     WITH ORDINALITY AS l(fair_key, start, weight, took, dry, frun, fid, o)
                 WHERE NOT l.dry
             ), edge AS (
                 SELECT least(min(l.start + (l.took + v_left - 1) / l.weight),
@@ -578,8 +589,8 @@ BEGIN
                        AS e
                 FROM lanes AS l
             ), ask AS (
-                SELECT s.fair_key, count(*)::integer AS n
-                FROM (SELECT l.fair_key
+                SELECT s.fair_key, s.frun, s.fid, count(*)::integer AS n
+                FROM (SELECT l.fair_key, l.frun, l.fid
                       FROM lanes AS l
                       CROSS JOIN edge
                       CROSS JOIN LATERAL generate_series(
@@ -588,7 +599,7 @@ BEGIN
                                    ::integer + 1)) AS g(i)
                       ORDER BY l.start + (l.took + g.i) / l.weight, l.o
                       LIMIT v_left) AS s
-                GROUP BY s.fair_key
+                GROUP BY s.fair_key, s.frun, s.fid
             ), got AS (
                 SELECT c.id, a.fair_key
                 FROM ask AS a
@@ -596,7 +607,7 @@ BEGIN
                     SELECT j.id FROM ONLY notifyq.jobs AS j
                     WHERE j.queue = p_queue AND j.priority = p_priority
                       AND j.fair_key = a.fair_key
-                      AND (j.run_at, j.id) >= (p_floor_run_at, p_floor_id)
+                      AND (j.run_at, j.id) >= (a.frun, a.fid)
                       AND j.status = 'queued' AND NOT j.group_blocked AND j.run_at <= now()
                       AND j.id <> ALL(v_ids)
                       AND j.task = ANY(p_tasks) AND j.task <> ALL(v_not)
@@ -664,7 +675,7 @@ BEGIN
                             SELECT j.id FROM ONLY notifyq.jobs AS j
                             WHERE j.queue = p_queue AND j.priority = p_priority
                               AND j.fair_key = v_lane.fair_key
-                              AND (j.run_at, j.id) >= (p_floor_run_at, p_floor_id)
+                              AND (j.run_at, j.id) >= (v_fruns[v_at], v_fids[v_at])
                               AND j.status = 'queued' AND NOT j.group_blocked
                               AND j.run_at <= now() AND j.task = v_kc_tasks[v_i]
                               AND j.id <> ALL(v_ids)
@@ -715,6 +726,9 @@ BEGIN
                         SELECT 1 FROM ONLY notifyq.jobs AS j
                         WHERE j.queue = p_queue AND j.priority = p_priority
                           AND j.fair_key = l.fair_key
+                          AND (j.run_at, j.id)
+                              >= (v_fruns[array_position(v_keys, l.fair_key)],
+                                  v_fids[array_position(v_keys, l.fair_key)])
                           AND j.status = 'queued' AND NOT j.group_blocked) THEN now()
                     WHEN l.fair_key = '' AND NOT EXISTS (
                         SELECT 1 FROM ONLY notifyq.jobs AS j
@@ -1604,6 +1618,10 @@ BEGIN
         PERFORM notifyq.open_lanes_v1(ARRAY[NEW.queue], ARRAY[NEW.priority],
                                       ARRAY[coalesce(NEW.fair_key, '')]);
     END IF;
+    IF NEW.fair_key IS NOT NULL AND EXISTS (SELECT 1 FROM notifyq.lane_floors) THEN
+        PERFORM notifyq.lower_lane_floors_v1(ARRAY[NEW.queue], ARRAY[NEW.priority],
+                                             ARRAY[NEW.fair_key], ARRAY[NEW.run_at]);
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -1631,6 +1649,14 @@ BEGIN
             FROM (SELECT DISTINCT i.queue, i.priority, coalesce(i.fair_key, '') AS fair_key
                   FROM inserted AS i
                   WHERE i.status = 'queued' AND NOT i.group_blocked) AS k;
+        END IF;
+        IF v_levels.keyed AND EXISTS (SELECT 1 FROM notifyq.lane_floors) THEN
+            PERFORM notifyq.lower_lane_floors_v1(array_agg(k.queue), array_agg(k.priority),
+                                                 array_agg(k.fair_key), array_agg(k.run_at))
+            FROM (SELECT i.queue, i.priority, i.fair_key, min(i.run_at) AS run_at
+                  FROM inserted AS i
+                  WHERE i.status = 'queued' AND NOT i.group_blocked AND i.fair_key IS NOT NULL
+                  GROUP BY i.queue, i.priority, i.fair_key) AS k;
         END IF;
     END IF;
     RETURN NULL;
@@ -1862,6 +1888,33 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION notifyq.lower_lane_floors_v1(p_queues text[], p_priorities integer[], p_keys text[], p_run_ats timestamp with time zone[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    UPDATE notifyq.lane_floors AS f
+    SET run_at = CASE WHEN (f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                      THEN m.run_at ELSE f.run_at END,
+        id = CASE WHEN (f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                  THEN '00000000-0000-0000-0000-000000000000' ELSE f.id END,
+        next_run_at = CASE WHEN (f.next_run_at, f.next_id)
+                                > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                           THEN m.run_at ELSE f.next_run_at END,
+        next_id = CASE WHEN (f.next_run_at, f.next_id)
+                            > (m.run_at, '00000000-0000-0000-0000-000000000000')
+                       THEN '00000000-0000-0000-0000-000000000000' ELSE f.next_id END
+    FROM (SELECT k.queue, k.priority, k.fair_key, min(k.run_at) AS run_at
+          FROM unnest(p_queues, p_priorities, p_keys, p_run_ats)
+               AS k(queue, priority, fair_key, run_at)
+          GROUP BY k.queue, k.priority, k.fair_key) AS m
+    WHERE f.queue = m.queue AND f.priority = m.priority AND f.fair_key = m.fair_key
+      AND ((f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
+           OR (f.next_run_at, f.next_id) > (m.run_at, '00000000-0000-0000-0000-000000000000'));
+END;
+$$;
+
 CREATE FUNCTION notifyq.mark_busy_v1(p_worker_id text) RETURNS void
     LANGUAGE sql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1933,6 +1986,32 @@ BEGIN
         PERFORM notifyq.lower_floors_v1(v_found.queues, v_found.priorities, v_found.run_ats);
     END IF;
     RETURN v_mended;
+END;
+$$;
+
+CREATE FUNCTION notifyq.mend_floors_v2() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_mended integer;
+    v_lanes integer;
+BEGIN
+    v_mended := notifyq.mend_floors_v1();
+    DELETE FROM notifyq.lane_floors AS f
+    USING notifyq.claim_floors AS g
+    WHERE g.queue = f.queue AND g.priority = f.priority
+      AND (f.run_at, f.id) > (g.run_at, g.id)
+      AND EXISTS (SELECT 1 FROM ONLY notifyq.jobs AS j
+                  WHERE j.queue = f.queue AND j.priority = f.priority
+                    AND j.fair_key = f.fair_key
+                    AND j.status = 'queued' AND NOT j.group_blocked
+                    AND (j.run_at, j.id) >= (g.run_at, g.id)
+                    AND (j.run_at, j.id) < (f.run_at, f.id));
+    GET DIAGNOSTICS v_lanes = ROW_COUNT;
+    RETURN v_mended + v_lanes;
 END;
 $$;
 
@@ -2258,6 +2337,95 @@ BEGIN
       AND f.run_at = p.run_at AND f.id = p.id AND f.next_run_at IS NULL
       AND (p.next_run_at, p.next_id) > (f.run_at, f.id);
     RETURN v_raised;
+END;
+$$;
+
+CREATE FUNCTION notifyq.raise_floors_v2() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_raised integer;
+    v_lanes integer;
+BEGIN
+    v_raised := notifyq.raise_floors_v1();
+
+    WITH due AS (
+        SELECT f.queue, f.priority, f.fair_key, f.run_at, f.id, f.next_run_at, f.next_id,
+               CASE WHEN c.run_at IS NOT NULL AND (c.run_at, c.id) < (f.next_run_at, f.next_id)
+                    THEN c.run_at ELSE f.next_run_at END AS new_run_at,
+               CASE WHEN c.run_at IS NOT NULL AND (c.run_at, c.id) < (f.next_run_at, f.next_id)
+                    THEN c.id ELSE f.next_id END AS new_id
+        FROM notifyq.lane_floors AS f
+        JOIN notifyq.claim_floors AS g ON g.queue = f.queue AND g.priority = f.priority
+        LEFT JOIN LATERAL (
+            SELECT j.run_at, j.id FROM ONLY notifyq.jobs AS j
+            WHERE j.queue = f.queue AND j.priority = f.priority AND j.fair_key = f.fair_key
+              AND j.status = 'queued' AND NOT j.group_blocked
+              AND (j.run_at, j.id)
+                  >= (CASE WHEN (f.run_at, f.id) > (g.run_at, g.id) THEN f.run_at
+                           ELSE g.run_at END,
+                      CASE WHEN (f.run_at, f.id) > (g.run_at, g.id) THEN f.id ELSE g.id END)
+            ORDER BY j.run_at, j.id
+            LIMIT 1) AS c ON true
+        WHERE f.next_after IS NOT NULL
+          AND f.next_after <= pg_snapshot_xmin(pg_current_snapshot())
+    )
+    UPDATE notifyq.lane_floors AS f
+    SET run_at = d.new_run_at, id = d.new_id,
+        next_run_at = NULL, next_id = NULL, next_after = NULL
+    FROM due AS d
+    WHERE f.queue = d.queue AND f.priority = d.priority AND f.fair_key = d.fair_key
+      AND f.run_at = d.run_at AND f.id = d.id
+      AND f.next_run_at = d.next_run_at AND f.next_id = d.next_id
+      AND (d.new_run_at, d.new_id) >= (f.run_at, f.id);
+    GET DIAGNOSTICS v_lanes = ROW_COUNT;
+
+    INSERT INTO notifyq.lane_floors AS f (queue, priority, fair_key, run_at, id)
+    SELECT l.queue, l.priority, l.fair_key, '-infinity', '00000000-0000-0000-0000-000000000000'
+    FROM notifyq.fair_lanes AS l
+    WHERE l.idle_since IS NULL AND l.fair_key <> ''
+      AND NOT EXISTS (SELECT 1 FROM notifyq.lane_floors AS o
+                      WHERE o.queue = l.queue AND o.priority = l.priority
+                        AND o.fair_key = l.fair_key)
+    ON CONFLICT (queue, priority, fair_key) DO NOTHING;
+
+    WITH proposed AS (
+        SELECT f.queue, f.priority, f.fair_key, f.run_at, f.id,
+               CASE WHEN c.run_at IS NOT NULL
+                         AND (c.run_at, c.id) < (now(), '00000000-0000-0000-0000-000000000000')
+                    THEN c.run_at ELSE now() END AS next_run_at,
+               CASE WHEN c.run_at IS NOT NULL
+                         AND (c.run_at, c.id) < (now(), '00000000-0000-0000-0000-000000000000')
+                    THEN c.id ELSE '00000000-0000-0000-0000-000000000000'::uuid END AS next_id
+        FROM notifyq.lane_floors AS f
+        JOIN notifyq.claim_floors AS g ON g.queue = f.queue AND g.priority = f.priority
+        LEFT JOIN LATERAL (
+            SELECT j.run_at, j.id FROM ONLY notifyq.jobs AS j
+            WHERE j.queue = f.queue AND j.priority = f.priority AND j.fair_key = f.fair_key
+              AND j.status = 'queued' AND NOT j.group_blocked
+              AND (j.run_at, j.id)
+                  >= (CASE WHEN (f.run_at, f.id) > (g.run_at, g.id) THEN f.run_at
+                           ELSE g.run_at END,
+                      CASE WHEN (f.run_at, f.id) > (g.run_at, g.id) THEN f.id ELSE g.id END)
+            ORDER BY j.run_at, j.id
+            LIMIT 1) AS c ON true
+        WHERE f.next_run_at IS NULL
+    )
+    UPDATE notifyq.lane_floors AS f
+    SET next_run_at = p.next_run_at, next_id = p.next_id, next_after = NULL
+    FROM proposed AS p
+    WHERE f.queue = p.queue AND f.priority = p.priority AND f.fair_key = p.fair_key
+      AND f.run_at = p.run_at AND f.id = p.id AND f.next_run_at IS NULL
+      AND (p.next_run_at, p.next_id) > (f.run_at, f.id);
+
+    DELETE FROM notifyq.lane_floors AS f
+    WHERE NOT EXISTS (SELECT 1 FROM notifyq.fair_lanes AS l
+                      WHERE l.queue = f.queue AND l.priority = f.priority
+                        AND l.fair_key = f.fair_key);
+    RETURN v_raised + v_lanes;
 END;
 $$;
 
@@ -2712,6 +2880,19 @@ CREATE FUNCTION notifyq.seal_floors_v1() RETURNS integer
         RETURNING 1
     )
     SELECT count(*)::integer FROM sealed;
+$$;
+
+CREATE FUNCTION notifyq.seal_floors_v2() RETURNS integer
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH sealed AS (
+        UPDATE notifyq.lane_floors
+        SET next_after = pg_snapshot_xmax(pg_current_snapshot())
+        WHERE next_run_at IS NOT NULL AND next_after IS NULL
+        RETURNING 1
+    )
+    SELECT notifyq.seal_floors_v1() + (SELECT count(*)::integer FROM sealed);
 $$;
 
 CREATE FUNCTION notifyq.settle_v1(p_ids uuid[], p_queues text[], p_group_keys text[]) RETURNS void
@@ -3329,6 +3510,18 @@ CREATE TABLE notifyq.jobs_done (
 INHERITS (notifyq.jobs)
 WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
 
+CREATE TABLE notifyq.lane_floors (
+    queue text NOT NULL,
+    priority integer NOT NULL,
+    fair_key text NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id uuid NOT NULL,
+    next_run_at timestamp with time zone,
+    next_id uuid,
+    next_after xid8
+)
+WITH (fillfactor='50');
+
 CREATE UNLOGGED TABLE notifyq.leaders (
     role text NOT NULL,
     holder text NOT NULL,
@@ -3432,6 +3625,9 @@ ALTER TABLE ONLY notifyq.jobs_done
 
 ALTER TABLE ONLY notifyq.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY notifyq.lane_floors
+    ADD CONSTRAINT lane_floors_pkey PRIMARY KEY (queue, priority, fair_key);
 
 ALTER TABLE ONLY notifyq.leaders
     ADD CONSTRAINT leaders_pkey PRIMARY KEY (role);

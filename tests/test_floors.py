@@ -42,8 +42,8 @@ async def claim(conn: Any, limit: int = 50, queues: list[str] | None = None) -> 
 async def raise_floors(conn: Any) -> None:
     """One pass of the maintenance leader: the raise, then the seal in a statement of its own
     (``conn`` is in autocommit: each commits before the next begins)."""
-    await conn.execute("SELECT notifyq.raise_floors_v1()")
-    await conn.execute("SELECT notifyq.seal_floors_v1()")
+    await conn.execute("SELECT notifyq.raise_floors_v2()")
+    await conn.execute("SELECT notifyq.seal_floors_v2()")
 
 
 async def raised(conn: Any, until: str, timeout: float = 20.0) -> None:

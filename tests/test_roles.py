@@ -60,6 +60,9 @@ FUNCTIONS = {
     "claim_fair_v1": False, "enqueue_many_v6": True, "enqueue_v5": True, "fair_keys_v1": False,
     "job_v3": True, "mend_lanes_v1": False, "open_lanes_v1": True, "register_task_v2": False,
     "tend_lanes_v1": False,
+    # sql/027, the lanes' floors.
+    "lower_lane_floors_v1": True, "mend_floors_v2": False, "raise_floors_v2": False,
+    "seal_floors_v2": False,
 }  # fmt: skip
 #: What a role with USAGE on the schema and nothing else may run: the contract's psql functions.
 PUBLIC = {"enqueue", "signal"}

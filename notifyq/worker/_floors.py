@@ -8,7 +8,8 @@ are all a claim steps over, however long a transaction elsewhere pins them.
 
 The same passes tend the lanes of the fair claims (sql/024): idle lanes that a job reached are
 opened, lanes idle for a minute removed, and with the floors' net every minute, the lanes of
-queued keys that have none are made."""
+queued keys that have none are made. Each lane's own floor is raised in the same two passes
+(sql/027), since the slowest key holds its queue's floor."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 #: Seconds between passes: at 1,000 jobs a second, a claim steps over about 1,000 dead entries
 #: (half a millisecond) behind a pinned horizon.
 FLOOR_INTERVAL = 0.5
-#: Passes between two casts of the net under the floors (notifyq.mend_floors_v1): a minute.
+#: Passes between two casts of the net under the floors (notifyq.mend_floors_v2): a minute.
 MEND_EVERY = 120
 
 
