@@ -1866,6 +1866,7 @@ BEGIN
         SELECT k.queue, k.priority, min(k.run_at), '00000000-0000-0000-0000-000000000000'
         FROM unnest(p_queues, p_priorities, p_run_ats) AS k(queue, priority, run_at)
         GROUP BY k.queue, k.priority
+        ORDER BY k.queue, k.priority
         ON CONFLICT (queue, priority) DO NOTHING;
     END IF;
     UPDATE notifyq.claim_floors AS f
@@ -1879,9 +1880,16 @@ BEGIN
         next_id = CASE WHEN (f.next_run_at, f.next_id)
                             > (m.run_at, '00000000-0000-0000-0000-000000000000')
                        THEN '00000000-0000-0000-0000-000000000000' ELSE f.next_id END
-    FROM (SELECT k.queue, k.priority, min(k.run_at) AS run_at
-          FROM unnest(p_queues, p_priorities, p_run_ats) AS k(queue, priority, run_at)
-          GROUP BY k.queue, k.priority) AS m
+    FROM (SELECT l.queue, l.priority, k.run_at
+          FROM notifyq.claim_floors AS l
+          JOIN (SELECT k.queue, k.priority, min(k.run_at) AS run_at
+                FROM unnest(p_queues, p_priorities, p_run_ats) AS k(queue, priority, run_at)
+                GROUP BY k.queue, k.priority) AS k
+            ON k.queue = l.queue AND k.priority = l.priority
+          WHERE (l.run_at, l.id) > (k.run_at, '00000000-0000-0000-0000-000000000000')
+             OR (l.next_run_at, l.next_id) > (k.run_at, '00000000-0000-0000-0000-000000000000')
+          ORDER BY l.queue, l.priority
+          FOR NO KEY UPDATE OF l) AS m
     WHERE f.queue = m.queue AND f.priority = m.priority
       AND ((f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
            OR (f.next_run_at, f.next_id) > (m.run_at, '00000000-0000-0000-0000-000000000000'));
@@ -1905,10 +1913,17 @@ BEGIN
         next_id = CASE WHEN (f.next_run_at, f.next_id)
                             > (m.run_at, '00000000-0000-0000-0000-000000000000')
                        THEN '00000000-0000-0000-0000-000000000000' ELSE f.next_id END
-    FROM (SELECT k.queue, k.priority, k.fair_key, min(k.run_at) AS run_at
-          FROM unnest(p_queues, p_priorities, p_keys, p_run_ats)
-               AS k(queue, priority, fair_key, run_at)
-          GROUP BY k.queue, k.priority, k.fair_key) AS m
+    FROM (SELECT l.queue, l.priority, l.fair_key, k.run_at
+          FROM notifyq.lane_floors AS l
+          JOIN (SELECT k.queue, k.priority, k.fair_key, min(k.run_at) AS run_at
+                FROM unnest(p_queues, p_priorities, p_keys, p_run_ats)
+                     AS k(queue, priority, fair_key, run_at)
+                GROUP BY k.queue, k.priority, k.fair_key) AS k
+            ON k.queue = l.queue AND k.priority = l.priority AND k.fair_key = l.fair_key
+          WHERE (l.run_at, l.id) > (k.run_at, '00000000-0000-0000-0000-000000000000')
+             OR (l.next_run_at, l.next_id) > (k.run_at, '00000000-0000-0000-0000-000000000000')
+          ORDER BY l.queue, l.priority, l.fair_key
+          FOR NO KEY UPDATE OF l) AS m
     WHERE f.queue = m.queue AND f.priority = m.priority AND f.fair_key = m.fair_key
       AND ((f.run_at, f.id) > (m.run_at, '00000000-0000-0000-0000-000000000000')
            OR (f.next_run_at, f.next_id) > (m.run_at, '00000000-0000-0000-0000-000000000000'));

@@ -8,9 +8,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import anyio
 import psycopg
 
-from tests.helpers import end_by_hand
+from tests.helpers import end_by_hand, wait_until
 from tests.test_floors import BELOW, FETCHED, claim, raise_floors, raised, scalar
 
 #: Claimable keyed jobs that sort before their lane's floor: there must never be one.
@@ -118,9 +119,10 @@ async def test_a_keyed_job_below_its_lanes_floor_is_claimed_without_waiting_for_
 async def test_a_keyed_job_written_by_a_transaction_older_than_the_raise_is_not_left_below(
     db_url: str, conn: Any
 ) -> None:
-    """Two transactions that began before a raise of the lane's floor and commit after it: one
-    wrote its job before the pass (the raise waits for it to end), one after (its insert lowers
-    the proposal). Both jobs run at their transaction's start, before the proposal."""
+    """Two transactions that began before a raise of the lane's floor: one wrote its job before
+    the pass (the raise waits for it to end), one after the proposal was sealed (its insert
+    lowers the proposal, and holds the floor's row: the pass that would apply it waits, then
+    finds it lowered). Both jobs run at their transaction's start, before the proposal."""
     await slow_key_and_fast_key(conn, 1)
     await drain_lane(conn, 1)
     await conn.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
@@ -129,16 +131,29 @@ async def test_a_keyed_job_written_by_a_transaction_older_than_the_raise_is_not_
     async with (
         await psycopg.AsyncConnection.connect(db_url) as early,
         await psycopg.AsyncConnection.connect(db_url) as late,
+        await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watch,
     ):
         await early.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
         await late.execute("SELECT 1")  # begun, with no transaction id yet
         for _ in range(3):
-            await raise_floors(conn)
+            await raise_floors(conn)  # proposes and seals; applies nothing while early runs
         await late.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
-        for _ in range(3):
-            await raise_floors(conn)
         await early.commit()
-        await late.commit()
+        async with anyio.create_task_group() as passes:
+            passes.start_soon(raise_floors, conn)  # would apply: waits for late's row lock
+
+            async def waiting() -> bool:
+                cursor = await watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+                row = await cursor.fetchone()
+                return bool(row and row[0])
+
+            await wait_until(waiting)
+            await late.commit()
+    for _ in range(2):
+        await raise_floors(conn)
     assert await (await conn.execute(BELOW_LANE)).fetchall() == []
     assert len(await claim(conn)) == 2
 
