@@ -543,16 +543,15 @@ BEGIN
             -- Every open lane is another claim's now (or none is left): before it has served
             -- any, this claim waits for the first in line, then looks again. Claims are short,
             -- and a claim that left here empty-handed would put its worker to sleep until its
-            -- next poll while the lanes still hold work.
+            -- next poll while the lanes still hold work; a lane held past a second is not a
+            -- claim's, and the claim leaves the level.
             EXIT WHEN cardinality(v_tried) > 0 OR v_waits >= 8;
             SELECT l.fair_key INTO v_first FROM notifyq.fair_lanes AS l
             WHERE l.queue = p_queue AND l.priority = p_priority AND l.idle_since IS NULL
             ORDER BY l.turn NULLS FIRST, l.served_at NULLS FIRST
             LIMIT 1;
-            EXIT WHEN v_first IS NULL;
-            PERFORM 1 FROM notifyq.fair_lanes AS l
-            WHERE l.queue = p_queue AND l.priority = p_priority AND l.fair_key = v_first
-            FOR NO KEY UPDATE;
+            EXIT WHEN v_first IS NULL
+                   OR NOT notifyq.wait_for_lane_v1(p_queue, p_priority, v_first);
             v_waits := v_waits + 1;
             CONTINUE;
         END IF;
@@ -3310,6 +3309,21 @@ SELECT pg_catalog.encode(
                                    ::pg_catalog.int8),
     'hex'
 )::pg_catalog.uuid
+$$;
+
+CREATE FUNCTION notifyq.wait_for_lane_v1(p_queue text, p_priority integer, p_key text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '1s'
+    AS $$
+BEGIN
+    PERFORM 1 FROM notifyq.fair_lanes AS l
+    WHERE l.queue = p_queue AND l.priority = p_priority AND l.fair_key = p_key
+    FOR NO KEY UPDATE;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END;
 $$;
 
 CREATE FUNCTION notifyq.wake_v1(p_queues text[]) RETURNS integer

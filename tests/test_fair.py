@@ -144,6 +144,25 @@ async def test_a_claim_beside_another_fills_itself_from_the_lanes_it_holds(
     assert await _claim(conn, 8) == ["front"] * 8
 
 
+async def test_a_claim_waits_a_second_at_most_for_a_lane_another_transaction_holds(
+    conn: Any, db_url: str
+) -> None:
+    """A lane's row held by a transaction that is not a claim (here one that locked it and
+    stays open): a claim that finds every lane held waits for it a second, then leaves the
+    level with nothing, rather than for as long as that transaction runs."""
+    await _insert(conn, "only", 3)
+    async with await psycopg.AsyncConnection.connect(db_url) as holder:
+        await holder.execute("SELECT 1 FROM notifyq.fair_lanes FOR UPDATE")
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as claimer:
+            await claimer.execute("SET statement_timeout = '20s'")
+            began = time.monotonic()
+            assert await _claim(claimer, 2) == []
+            waited = time.monotonic() - began
+        await holder.rollback()
+    assert 1 <= waited < 15, waited
+    assert await _claim(conn, 2) == ["only", "only"]
+
+
 async def test_a_key_that_ran_dry_starts_level_with_the_others(conn: Any) -> None:
     """A key that comes back after its lane went idle banks no credit for the time it had
     nothing queued: it alternates with the busy key at once."""

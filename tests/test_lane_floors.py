@@ -139,19 +139,28 @@ async def test_a_keyed_job_written_by_a_transaction_older_than_the_raise_is_not_
             await raise_floors(conn)  # proposes and seals; applies nothing while early runs
         await late.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
         await early.commit()
+        stop = anyio.Event()
+
+        async def passes_until_stopped() -> None:
+            # A pass applies the proposal once every transaction of the cluster older than its
+            # seal has ended (other tests' too); that pass waits for late's row lock.
+            while not stop.is_set():
+                await raise_floors(conn)
+                await anyio.sleep(0.02)
+
+        async def waiting() -> bool:
+            cursor = await watch.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cursor.fetchone()
+            return bool(row and row[0])
+
         async with anyio.create_task_group() as passes:
-            passes.start_soon(raise_floors, conn)  # would apply: waits for late's row lock
-
-            async def waiting() -> bool:
-                cursor = await watch.execute(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-                row = await cursor.fetchone()
-                return bool(row and row[0])
-
-            await wait_until(waiting)
+            passes.start_soon(passes_until_stopped)
+            await wait_until(waiting, timeout=60)
             await late.commit()
+            stop.set()
     for _ in range(2):
         await raise_floors(conn)
     assert await (await conn.execute(BELOW_LANE)).fetchall() == []

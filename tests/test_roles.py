@@ -63,6 +63,8 @@ FUNCTIONS = {
     # sql/027, the lanes' floors.
     "lower_lane_floors_v1": True, "mend_floors_v2": False, "raise_floors_v2": False,
     "seal_floors_v2": False,
+    # sql/029, a bounded wait for a lane.
+    "wait_for_lane_v1": False,
 }  # fmt: skip
 #: What a role with USAGE on the schema and nothing else may run: the contract's psql functions.
 PUBLIC = {"enqueue", "signal"}
