@@ -8,6 +8,7 @@ import random
 from typing import Any
 from uuid import uuid4
 
+import anyio
 import psycopg
 
 from tests.helpers import end_by_hand, insert_in_state, wait_until
@@ -130,12 +131,42 @@ async def test_a_job_that_sorts_before_the_floor_is_claimed_without_waiting_for_
     assert await claim(conn) == [waiting]
 
 
+async def commit_while_a_pass_waits_for_it(conn: Any, db_url: str, holder: Any) -> None:
+    """Makes passes until one is seen waiting for a row lock ``holder`` (a transaction that
+    lowered a floor's proposal) holds, then commits ``holder``. A pass applies a proposal only
+    once every transaction of the cluster older than its seal has ended, the other tests'
+    included: passes are made until then."""
+    stop = anyio.Event()
+
+    async def passes() -> None:
+        while not stop.is_set():
+            await raise_floors(conn)
+            await anyio.sleep(0.02)
+
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watch:
+
+        async def waiting() -> bool:
+            cursor = await watch.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cursor.fetchone()
+            return bool(row and row[0])
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(passes)
+            await wait_until(waiting, timeout=60)
+            await holder.commit()
+            stop.set()
+
+
 async def test_a_job_written_by_a_transaction_older_than_the_raise_is_not_left_below_it(
     db_url: str, conn: Any
 ) -> None:
-    """Two transactions that began before a raise and commit after it: one wrote its job
-    before the pass (the raise waits for it to end), one after (its insert lowers the
-    proposal). Both jobs run at their transaction's start, before the proposal."""
+    """Two transactions that began before a raise: one wrote its job before the pass (the
+    raise waits for it to end), one after the proposal was sealed (its insert lowers the
+    proposal and holds the floor's row: the pass that would apply it waits, then finds it
+    lowered). Both jobs run at their transaction's start, before the proposal."""
     await conn.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
     await drain(conn)
     async with (
@@ -145,12 +176,12 @@ async def test_a_job_written_by_a_transaction_older_than_the_raise_is_not_left_b
         await early.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
         await late.execute("SELECT 1")  # begun, with no transaction id yet
         for _ in range(3):
-            await raise_floors(conn)
+            await raise_floors(conn)  # proposes and seals; applies nothing while early runs
         await late.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
-        for _ in range(3):
-            await raise_floors(conn)
         await early.commit()
-        await late.commit()
+        await commit_while_a_pass_waits_for_it(conn, db_url, late)
+    for _ in range(2):
+        await raise_floors(conn)
     assert await (await conn.execute(BELOW)).fetchall() == []
     assert len(await claim(conn)) == 2
 

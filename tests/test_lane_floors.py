@@ -8,11 +8,18 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import anyio
 import psycopg
 
-from tests.helpers import end_by_hand, wait_until
-from tests.test_floors import BELOW, FETCHED, claim, raise_floors, raised, scalar
+from tests.helpers import end_by_hand
+from tests.test_floors import (
+    BELOW,
+    FETCHED,
+    claim,
+    commit_while_a_pass_waits_for_it,
+    raise_floors,
+    raised,
+    scalar,
+)
 
 #: Claimable keyed jobs that sort before their lane's floor: there must never be one.
 BELOW_LANE = """
@@ -131,7 +138,6 @@ async def test_a_keyed_job_written_by_a_transaction_older_than_the_raise_is_not_
     async with (
         await psycopg.AsyncConnection.connect(db_url) as early,
         await psycopg.AsyncConnection.connect(db_url) as late,
-        await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watch,
     ):
         await early.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
         await late.execute("SELECT 1")  # begun, with no transaction id yet
@@ -139,28 +145,7 @@ async def test_a_keyed_job_written_by_a_transaction_older_than_the_raise_is_not_
             await raise_floors(conn)  # proposes and seals; applies nothing while early runs
         await late.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
         await early.commit()
-        stop = anyio.Event()
-
-        async def passes_until_stopped() -> None:
-            # A pass applies the proposal once every transaction of the cluster older than its
-            # seal has ended (other tests' too); that pass waits for late's row lock.
-            while not stop.is_set():
-                await raise_floors(conn)
-                await anyio.sleep(0.02)
-
-        async def waiting() -> bool:
-            cursor = await watch.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = await cursor.fetchone()
-            return bool(row and row[0])
-
-        async with anyio.create_task_group() as passes:
-            passes.start_soon(passes_until_stopped)
-            await wait_until(waiting, timeout=60)
-            await late.commit()
-            stop.set()
+        await commit_while_a_pass_waits_for_it(conn, db_url, late)
     for _ in range(2):
         await raise_floors(conn)
     assert await (await conn.execute(BELOW_LANE)).fetchall() == []
