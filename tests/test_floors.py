@@ -160,6 +160,25 @@ async def commit_while_a_pass_waits_for_it(conn: Any, db_url: str, holder: Any) 
             stop.set()
 
 
+async def older_transactions_around_a_raise(conn: Any, db_url: str, insert: str) -> None:
+    """Runs ``insert`` in two transactions begun before a raise and committed after it: one
+    before the pass (the raise waits for it to end), one after the proposal was sealed (its
+    insert lowers the proposal and holds the floor's row), then makes the passes that apply."""
+    async with (
+        await psycopg.AsyncConnection.connect(db_url) as early,
+        await psycopg.AsyncConnection.connect(db_url) as late,
+    ):
+        await early.execute(insert)
+        await late.execute("SELECT 1")  # begun, with no transaction id yet
+        for _ in range(3):
+            await raise_floors(conn)  # proposes and seals; applies nothing while early runs
+        await late.execute(insert)
+        await early.commit()
+        await commit_while_a_pass_waits_for_it(conn, db_url, late)
+    for _ in range(2):
+        await raise_floors(conn)
+
+
 async def test_a_job_written_by_a_transaction_older_than_the_raise_is_not_left_below_it(
     db_url: str, conn: Any
 ) -> None:
@@ -169,19 +188,9 @@ async def test_a_job_written_by_a_transaction_older_than_the_raise_is_not_left_b
     lowered). Both jobs run at their transaction's start, before the proposal."""
     await conn.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
     await drain(conn)
-    async with (
-        await psycopg.AsyncConnection.connect(db_url) as early,
-        await psycopg.AsyncConnection.connect(db_url) as late,
-    ):
-        await early.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
-        await late.execute("SELECT 1")  # begun, with no transaction id yet
-        for _ in range(3):
-            await raise_floors(conn)  # proposes and seals; applies nothing while early runs
-        await late.execute("INSERT INTO notifyq.jobs (task) VALUES ('echo')")
-        await early.commit()
-        await commit_while_a_pass_waits_for_it(conn, db_url, late)
-    for _ in range(2):
-        await raise_floors(conn)
+    await older_transactions_around_a_raise(
+        conn, db_url, "INSERT INTO notifyq.jobs (task) VALUES ('echo')"
+    )
     assert await (await conn.execute(BELOW)).fetchall() == []
     assert len(await claim(conn)) == 2
 

@@ -15,7 +15,7 @@ from tests.test_floors import (
     BELOW,
     FETCHED,
     claim,
-    commit_while_a_pass_waits_for_it,
+    older_transactions_around_a_raise,
     raise_floors,
     raised,
     scalar,
@@ -135,19 +135,9 @@ async def test_a_keyed_job_written_by_a_transaction_older_than_the_raise_is_not_
     await conn.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
     await raised(conn, FAST_AT_ITS_HEAD)
     await drain_lane(conn, 1)
-    async with (
-        await psycopg.AsyncConnection.connect(db_url) as early,
-        await psycopg.AsyncConnection.connect(db_url) as late,
-    ):
-        await early.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
-        await late.execute("SELECT 1")  # begun, with no transaction id yet
-        for _ in range(3):
-            await raise_floors(conn)  # proposes and seals; applies nothing while early runs
-        await late.execute("INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')")
-        await early.commit()
-        await commit_while_a_pass_waits_for_it(conn, db_url, late)
-    for _ in range(2):
-        await raise_floors(conn)
+    await older_transactions_around_a_raise(
+        conn, db_url, "INSERT INTO notifyq.jobs (task, fair_key) VALUES ('echo', 'fast')"
+    )
     assert await (await conn.execute(BELOW_LANE)).fetchall() == []
     assert len(await claim(conn)) == 2
 
