@@ -98,11 +98,27 @@ FROM notifyq.job_v3(%(id)s::uuid);
 
 -- See notifyq.claim_v4 (sql/007): with the results of the jobs each depends on, and the trace
 -- context each was enqueued in.
+--
+-- A claim that takes jobs commits without waiting for its WAL to reach the disk (or a
+-- synchronous standby): synchronous_commit is off for its transaction alone. No job can be lost
+-- by it: a claim undone by a crash leaves its jobs queued, as they were. And whatever a job
+-- records next (its completion, a failure, a step, a heartbeat) commits durably, and the WAL is
+-- flushed in order, so the claim is on disk before anything of the job is. What a crash of the
+-- server within the WAL writer's delay of a claim (at most three times wal_writer_delay, 200 ms
+-- by default; at once under load, by the next commit) does to a worker that outlives it: it
+-- loses the job's claim, as it would lose an expired lease. The claim number goes back with the
+-- row, so the same worker's next claim of the job writes the same number, the fence of the run
+-- it has: notifyq/worker/_ledger.py (Ledger.redone) lets that run go on as the new claim's, or
+-- sends the claim back to the queue, and never runs two under one fence. The claim's wait for
+-- the flush was a third of an idle pickup and most of a burst's p99
+-- (docs/concepts/benchmark.md). The outcome writer's completion that also claims
+-- (complete_and_claim_jobs) stays durable.
 -- name: claim_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
        claims AS claim, created_at, run_at, dependencies, trace_context
 FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
                       %(lease)s::float8, %(probe)s)
+WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
 
 -- claim_jobs and the look for the next run_at (notifyq.next_due_v3) in one statement, for a
 -- claim that may end in a sleep: the claimed jobs, each with a null due, then one row whose id is
@@ -110,11 +126,13 @@ FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(li
 -- job is either due for the claim or counted by the look (see notifyq/worker/_producer.py); one
 -- statement costs the server one execution and one sync, where the two statements in one
 -- pipeline cost two of each (a quarter of a millisecond of an idle worker's pickup, measured).
+-- Its commit does not wait for the disk either, when it claimed a job (see claim_jobs).
 -- name: look_and_claim_jobs
 SELECT id, task, queue, payload, priority, attempt_count AS attempt, max_attempts,
        claims AS claim, created_at, run_at, dependencies, trace_context, NULL::float8 AS due
 FROM notifyq.claim_v4(%(worker_id)s, %(tasks)b::text[], %(queues)b::text[], %(limit)s,
                       %(lease)s::float8, false)
+WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        notifyq.next_due_v3(%(tasks)b::text[], %(queues)b::text[])

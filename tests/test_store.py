@@ -31,6 +31,40 @@ async def test_the_claim_answers_rows_of_its_type(conn: Any) -> None:
     assert isinstance(job, ClaimedJob) and (job.task, job.attempt, job.claim) == ("echo", 1, 1)
 
 
+async def test_only_a_claim_that_took_jobs_commits_without_waiting_for_the_disk(
+    conn: Any,
+) -> None:
+    """The producer's claims set synchronous_commit off for their own transaction when they
+    take a job (a claim undone by a crash leaves its jobs queued); a claim that took nothing,
+    the outcome writer's completion that also claims, and the next transaction keep it on."""
+    from notifyq.queries import load_queries
+
+    queries = load_queries()
+    claim = {"worker_id": "w", "tasks": ["echo"], "queues": None, "limit": 1, "lease": 30.0}
+
+    async def setting_after(query: bytes, params: dict[str, Any]) -> str:
+        async with conn.transaction():
+            await conn.execute(query, params)
+            cursor = await conn.execute("SHOW synchronous_commit")
+            row = await cursor.fetchone()
+        return str(row[0])
+
+    await conn.execute("SET synchronous_commit = on")  # a test's database has it off
+    await conn.execute("INSERT INTO notifyq.jobs (task) SELECT 'echo' FROM generate_series(1, 3)")
+    assert await setting_after(queries["claim_jobs"], {**claim, "probe": False}) == "off"
+    assert await setting_after(queries["look_and_claim_jobs"], claim) == "off"
+    cursor = await conn.execute("SHOW synchronous_commit")
+    assert (await cursor.fetchone())[0] == "on"
+    cursor = await conn.execute("SELECT id, claims FROM notifyq.jobs WHERE status = 'processing'")
+    done = await cursor.fetchall()
+    writer = {"worker_id": "w", "ids": [i for i, _ in done], "claims": [c for _, c in done],
+              "results": ["null"] * len(done), "tasks": ["echo"], "queues": None, "take": 1,
+              "lease": 30.0}  # fmt: skip
+    assert await setting_after(queries["complete_and_claim_jobs"], writer) == "on"
+    await conn.execute("DELETE FROM notifyq.jobs WHERE status = 'queued'")
+    assert await setting_after(queries["look_and_claim_jobs"], claim) == "on"
+
+
 async def test_the_look_and_the_claim_answer_the_jobs_then_the_next_run_at(conn: Any) -> None:
     from notifyq.queries import load_queries
 

@@ -23,7 +23,7 @@ import anyio
 from notifyq.models import ClaimedJob, Held
 from notifyq.tasks import Task
 
-__all__ = ["CancelReason", "Entry", "Fenced", "Ledger", "Wake", "WakeReason"]
+__all__ = ["CancelReason", "Entry", "Fenced", "Ledger", "Redone", "Wake", "WakeReason"]
 
 
 class WakeReason(str, Enum):
@@ -55,6 +55,22 @@ class CancelReason(str, Enum):
     #: Its claim's answer came too late to start it (see notifyq.worker._producer.STALE_CLAIM):
     #: back to the queue, attempt not counted, unless another worker took it meanwhile.
     STALE_CLAIM = "stale_claim"
+
+
+class Redone(Enum):
+    """What :meth:`Ledger.redone` answers for a claimed job."""
+
+    #: Not a claim this worker held before: take it.
+    NO = "no"
+    #: The run in progress goes on as this claim's: do not take it again.
+    GOES_ON = "goes_on"
+    #: Back to the queue without running (a fenced release).
+    RELEASE = "release"
+
+
+#: How many lost claims the ledger remembers (:meth:`Ledger.redone`); a crash's claims come back
+#: within seconds, and each costs a few dozen bytes.
+LOST_KEPT = 4096
 
 
 class Fenced(Protocol):
@@ -122,6 +138,9 @@ class Ledger:
 
     def __init__(self, concurrency: int) -> None:
         self._entries: dict[UUID, Entry] = {}
+        #: The claims dropped as lost whose handler may still run (:meth:`lose`), oldest
+        #: first, at most LOST_KEPT: :meth:`redone` releases a claim that comes back with one.
+        self._lost: dict[tuple[UUID, int], None] = {}
         self._free = concurrency
         self._reserved = 0
         self._active = 0
@@ -205,6 +224,36 @@ class Ledger:
         self._active += 1
         return entry
 
+    def redone(self, job: ClaimedJob) -> Redone:
+        """What to do with a claimed job whose claim number this worker has held before.
+
+        Only a crash of the server (or a failover) makes one: a worker's claims commit without
+        waiting for the disk (sql/queries.sql, ``claim_jobs``), so a crash can undo a claim
+        whose job this worker runs. The row goes back to the claim before it, and when this
+        worker claims the job again it writes the same claim number: the fence of the run it
+        already has. Two runs must never share a fence (each one's writes would pass for the
+        other's), so:
+
+        - the run in progress goes on as the new claim's (:attr:`Redone.GOES_ON`) when it is
+          intact and its payload is the one claimed: its outcome is the job's, and the job runs
+          once;
+        - otherwise (its payload was replaced meanwhile by a ``keep_latest`` duplicate, or the
+          run was stopped, or already dropped as lost while its handler may still run) the
+          run is stopped as lost, its outcome never written, and the new claim goes back to the
+          queue at once (:attr:`Redone.RELEASE`), so that the job's next claim has a number of
+          its own. Only a handler that had returned already is not stopped: its outcome and
+          the release race, and whichever commits first stands;
+        - :attr:`Redone.NO` for every other job: take it."""
+        entry = self._entries.get(job.id)
+        if entry is not None and entry.job.claim == job.claim:
+            if entry.cancel_reason is None and entry.job.payload == job.payload:
+                return Redone.GOES_ON
+            self.lose(entry.held)
+            return Redone.RELEASE
+        if (job.id, job.claim) in self._lost:
+            return Redone.RELEASE
+        return Redone.NO
+
     def begin(self, entry: Entry, scope: anyio.CancelScope) -> bool:
         """A runner is about to call the handler, inside ``scope``; False when the job was
         cancelled before it started (then it must not start)."""
@@ -254,6 +303,9 @@ class Ledger:
             return None
         del self._entries[held.job_id]
         entry.cancel(CancelReason.LEASE_LOST)
+        self._lost[(held.job_id, held.claim)] = None
+        if len(self._lost) > LOST_KEPT:
+            del self._lost[next(iter(self._lost))]
         return entry
 
     # -- what others ask -------------------------------------------------------------------

@@ -29,7 +29,7 @@ import anyio.lowlevel
 from notifyq.errors import NotifyQError
 from notifyq.models import ClaimedJob, ClaimRequest
 from notifyq.tasks import Registry
-from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
+from notifyq.worker._ledger import CancelReason, Ledger, Redone, WakeReason
 from notifyq.worker._runners import Runners
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
@@ -335,15 +335,36 @@ class Producer:
                 self._lease,
                 len(jobs),
             )
+        taken: list[ClaimedJob] = []
         for job in jobs:
+            redone = self._ledger.redone(job)
+            if redone is Redone.GOES_ON:
+                logger.warning(
+                    "job %s came back under claim %d, which this worker holds (a crash of the "
+                    "server undid the claim): the run in progress goes on as this claim's",
+                    job.id,
+                    job.claim,
+                )
+                continue
             task = self._registry.get(job.task)
             assert task is not None, "claimed a task this worker does not serve"
             entry = self._ledger.take(job, task)
-            if stale:
+            if redone is Redone.RELEASE:
+                logger.warning(
+                    "job %s came back under claim %d, which a run of this worker had (a crash "
+                    "of the server undid the claim): back to the queue, to run under a claim of "
+                    "its own",
+                    job.id,
+                    job.claim,
+                )
                 entry.cancel(CancelReason.STALE_CLAIM)
+            else:
+                if stale:
+                    entry.cancel(CancelReason.STALE_CLAIM)
+                taken.append(job)
             self._runners.give(entry)
-        self._stats.claimed += len(jobs)
-        self._telemetry.started(jobs)
+        self._stats.claimed += len(taken)
+        self._telemetry.started(taken)
 
     async def _claim_limited(self, limit: int) -> list[ClaimedJob]:
         try:

@@ -64,7 +64,11 @@ class Runners:
                 outcome = await self._executor.attempt(entry.job, entry.task)
         finally:
             reason = entry.cancel_reason
-            if outcome is not None:
+            if reason is CancelReason.LEASE_LOST:
+                # Dropped as lost: the fence would refuse its outcome, and after a crash of the
+                # server its claim number may be a new claim's (see Ledger.redone).
+                pass
+            elif outcome is not None:
                 # Finished, even if a cancel came too late or the handler swallowed it.
                 self._writer.record(outcome)
             elif reason is CancelReason.SHUTDOWN or reason is CancelReason.STALE_CLAIM:

@@ -10,6 +10,7 @@ the suite tests (tests/test_worker.py and friends).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Container, Iterable, Sequence
@@ -23,7 +24,7 @@ from notifyq.errors import DatabaseUnavailable, RefusedInput
 from notifyq.models import ClaimedJob, ClaimRequest, Failure, Held, JobStatus, Success
 from notifyq.tasks import Registry, make_task
 from notifyq.worker._heartbeat import Heartbeat
-from notifyq.worker._ledger import CancelReason, Ledger, WakeReason
+from notifyq.worker._ledger import LOST_KEPT, CancelReason, Ledger, Redone, WakeReason
 from notifyq.worker._producer import (
     LIMIT_TICK,
     MARK_RETRY,
@@ -414,6 +415,36 @@ async def test_the_ledger_follows_a_job_from_claim_to_written_outcome() -> None:
     assert ledger.let_go(Held(claimed.id, 6)) is None  # another claim's outcome
     assert ledger.let_go(Held(claimed.id, 7)) is entry
     assert len(ledger) == 0
+
+
+async def test_a_claim_made_again_under_a_number_the_ledger_held_is_never_run_beside_it() -> None:
+    """A crash of the server can undo a claim whose job runs here; claimed again, the job has
+    the same claim number. The run in progress goes on as that claim's when it is intact and its
+    payload the same; otherwise the new claim goes back to the queue (see Ledger.redone)."""
+    ledger = Ledger(concurrency=3)
+    first = job(claim=4)
+    entry = ledger.take(first, TASK)
+    assert ledger.begin(entry, anyio.CancelScope())
+    again = dataclasses.replace(first)
+    assert ledger.redone(again) is Redone.GOES_ON
+    assert ledger.redone(dataclasses.replace(first, claim=5)) is Redone.NO  # a later claim
+    assert ledger.redone(job(claim=4)) is Redone.NO  # another job
+    changed = dataclasses.replace(first, payload={"v": 2})
+    assert ledger.redone(changed) is Redone.RELEASE  # and the run in progress is stopped:
+    assert entry.cancel_reason is CancelReason.LEASE_LOST and len(ledger) == 0
+    assert ledger.redone(again) is Redone.RELEASE  # its handler may still write
+
+
+def test_the_ledger_remembers_a_bounded_number_of_lost_claims() -> None:
+    ledger = Ledger(concurrency=1)
+    jobs = [job(claim=1) for _ in range(LOST_KEPT + 1)]
+    for claimed in jobs:
+        entry = ledger.take(claimed, TASK)
+        assert ledger.lose(entry.held) is entry
+        ledger.end(entry)
+    assert ledger.redone(jobs[0]) is Redone.NO  # forgotten, the oldest first
+    assert ledger.redone(jobs[1]) is Redone.RELEASE
+    assert ledger.redone(jobs[-1]) is Redone.RELEASE
 
 
 async def test_a_job_cancelled_before_it_started_does_not_start() -> None:
