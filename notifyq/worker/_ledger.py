@@ -118,6 +118,9 @@ class Entry:
     running: bool = False
     #: The runner's cancel scope, while the handler runs.
     scope: anyio.CancelScope | None = None
+    #: Claimed again under its claim number (:meth:`Ledger.redone`) while its outcome may have
+    #: been on its way already: a write of it that the fence refused is made once more.
+    redone: bool = False
 
     @property
     def held(self) -> Held:
@@ -247,6 +250,7 @@ class Ledger:
         entry = self._entries.get(job.id)
         if entry is not None and entry.job.claim == job.claim:
             if entry.cancel_reason is None and entry.job.payload == job.payload:
+                entry.redone = True
                 return Redone.GOES_ON
             self.lose(entry.held)
             return Redone.RELEASE
@@ -290,6 +294,18 @@ class Ledger:
             self._entries[held.job_id] = entry  # another claim's: still held
             return None
         return entry
+
+    def write_again(self, held: Fenced) -> bool:
+        """Whether an outcome whose write the fence refused is to be written once more: True
+        when the job was claimed again under the same number since (:meth:`redone`), which may
+        have committed after the refused write had looked at the row (a completion that also
+        claims can even refuse the outcome and claim the job again in one statement). Once per
+        claim made again; otherwise the refusal stands and the caller lets the entry go."""
+        entry = self._entries.get(held.job_id)
+        if entry is None or entry.job.claim != held.claim or not entry.redone:
+            return False
+        entry.redone = False
+        return True
 
     def lose(self, held: Held) -> Entry | None:
         """Another worker may hold the job now: forgets it, and stops its handler if it runs, or

@@ -301,10 +301,15 @@ class OutcomeWriter:
         written: set[UUID] | dict[UUID, JobStatus],
         kind: OutcomeKind,
     ) -> None:
-        """Forgets the jobs of a written batch (and those whose write was discarded)."""
+        """Forgets the jobs of a written batch (and those whose write was discarded; but an
+        outcome refused for a job claimed again under its claim number meanwhile is written once
+        more, see Ledger.write_again)."""
         let_go = self._ledger.let_go
         recorded: list[WrittenJob] = []
         for item in batch:
+            if item.job_id not in written and self._ledger.write_again(item):
+                self._again(item, kind)
+                continue
             entry = let_go(item)
             if item.job_id not in written:
                 self._stats.lost += 1
@@ -313,6 +318,16 @@ class OutcomeWriter:
                 recorded.append((entry.job, item))
         if recorded:
             self._telemetry.recorded(kind, recorded, written if isinstance(written, dict) else None)
+
+    def _again(
+        self, item: Success | Failure | Snoozed | Suspended | Held, kind: OutcomeKind
+    ) -> None:
+        """Hands back an outcome to be written by the next flush."""
+        if isinstance(item, Held):
+            (self._cancelled if kind is OutcomeKind.CANCELLED else self._released).append(item)
+            self._pending.set()
+        else:
+            self.record(item)
 
     async def _final_writes(self) -> None:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
@@ -326,6 +341,8 @@ class OutcomeWriter:
             return
         try:
             await self.flush()
+            if self:  # an outcome to write once more (see _let_go)
+                await self.flush()
         except DatabaseUnavailable as exc:
             logger.error(
                 "could not record %d job(s) before stopping (%s); they stay processing and are "

@@ -58,6 +58,7 @@ class FakeStore:
         self.unavailable = 0
         self.keep: set[UUID] | None = None  # the ids beat() answers as still held
         self.mark_failures = 0  # how many of the next mark_waiting calls fail
+        self.fenced_off: set[UUID] = set()  # ids whose next completion the fence refuses
 
     def _maybe_down(self) -> None:
         if self.unavailable:
@@ -100,7 +101,9 @@ class FakeStore:
         self.calls.append(("complete", [s.job_id for s in done]))
         if any(s.job_id in self.refuse for s in done):
             raise RefusedInput("recording results: value too long")
-        return {s.job_id for s in done}
+        refused = {s.job_id for s in done} & self.fenced_off
+        self.fenced_off -= refused
+        return {s.job_id for s in done} - refused
 
     async def complete_and_claim(
         self, worker_id: str, done: Sequence[Success], claim: ClaimRequest
@@ -591,6 +594,44 @@ async def test_a_completion_claims_for_the_free_slots_and_starts_what_it_claimed
     assert ("complete_and_claim", 3) in store.calls
     assert [e.job for e in given.entries] == [child]
     assert ledger.free == 2 and ledger.active == 1
+
+
+async def test_a_completion_refused_by_a_claim_a_crash_undid_is_written_again_once_reclaimed() -> (
+    None
+):
+    """A crash undid a claim whose job ran here: the completion's statement finds the job queued
+    (its fence refused) and, in the same statement, claims it again under the same number. The
+    run goes on as that claim's (Ledger.redone), so its outcome is written once more, not
+    discarded; the job is not started again."""
+    store = FakeStore()
+    ledger, _, given, writer = refilled(store, 2)
+    ran = ledger.take(job(claim=3), TASK)
+    ledger.end(ran)
+    store.fenced_off = {ran.job.id}
+    store.claims = [[dataclasses.replace(ran.job)]]
+    writer.record(Success(ran.job.id, 3, "null"))
+    await writer.flush()
+    assert writer  # the outcome is back for the next flush
+    await writer.flush()
+    completes = [ids for name, ids in store.calls if name == "complete"]
+    assert completes == [[ran.job.id], [ran.job.id]]
+    assert given.entries == [] and len(ledger) == 0 and not writer
+    assert ledger.free == 2
+
+
+async def test_a_completion_the_fence_refused_twice_is_discarded() -> None:
+    store = FakeStore()
+    ledger, _, _, writer = refilled(store, 2)
+    ran = ledger.take(job(claim=3), TASK)
+    ledger.end(ran)
+    assert ledger.redone(dataclasses.replace(ran.job)) is Redone.GOES_ON
+    writer.refill = None
+    store.fenced_off = {ran.job.id}
+    writer.record(Success(ran.job.id, 3, "null"))
+    await writer.flush()
+    store.fenced_off = {ran.job.id}
+    await writer.flush()
+    assert len(ledger) == 0 and not writer
 
 
 async def test_slots_a_completion_set_aside_and_did_not_fill_wake_a_waiting_producer() -> None:
