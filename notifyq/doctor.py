@@ -13,6 +13,7 @@ NOTIFYQ_HORIZON_WARN_AFTER.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -114,6 +115,7 @@ async def examine(store: Store, *, horizon_warn_after: float) -> Health:
         _tables(tables, overview),
         _listeners(listeners, deaf, overview),
         _leases(overview),
+        _unserved(overview),
         _leadership(overview),
         _schema(overview, expected),
         _grants(overview),
@@ -267,6 +269,31 @@ def _leases(overview: dict[str, Any]) -> Check:
     return Check(name, "ok", "no running job has lost its lease")
 
 
+def _unserved(overview: dict[str, Any]) -> Check:
+    name = "unserved tasks"
+    levels = overview["unserved"] or []
+    if not levels:
+        return Check(name, "ok", "every queue's first claimable job is of a task a worker knows")
+    heads = "; ".join(
+        f"queue {level['queue']!r} (priority {level['priority']}): task {level['task']!r}, "
+        f"due {level['waited_seconds']:.0f} s ago"
+        for level in levels[:5]
+    )
+    more = f" (and {len(levels) - 5} more)" if len(levels) > 5 else ""
+    tasks = sorted({str(level["task"]) for level in levels})
+    return Check(
+        name,
+        "warn",
+        f"{len(levels)} queue level(s) begin with a job of a task no worker has registered: "
+        f"{heads}{more}. Such a job waits for ever, and every claim of its queue steps over "
+        "the jobs claimed since it",
+        f"start a worker that serves {', '.join(map(repr, tasks))} (a typo in a task name?), "
+        f"or cancel those jobs: `notifyq jobs --status queued --task {shlex.quote(tasks[0])}` "
+        "lists them, "
+        "`notifyq cancel ID...` cancels them",
+    )
+
+
 def _leadership(overview: dict[str, Any]) -> Check:
     name = "leadership"
     workers = int(overview["idle_workers"]) + int(overview["busy_workers"])
@@ -327,4 +354,8 @@ def _grants(overview: dict[str, Any]) -> Check:
             "grant them again: `notifyq grant ROLE --as producer` (reads by id only since "
             "version 22)",
         )
-    return Check(name, "ok", "PUBLIC runs only notifyq.enqueue; no producer reads every job")
+    return Check(
+        name,
+        "ok",
+        "PUBLIC runs only notifyq.enqueue and notifyq.signal; no producer reads every job",
+    )

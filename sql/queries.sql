@@ -899,9 +899,30 @@ SELECT (SELECT max(version) FROM notifyq.migrations) AS schema_version,
            AS idle_workers,
        (SELECT count(DISTINCT j.worker_id) FROM ONLY notifyq.jobs AS j
         WHERE j.status = 'processing') AS busy_workers,
-       -- Functions PUBLIC may run besides notifyq.enqueue (sql/022 left it the only one).
+       -- The levels (queue, priority) whose first claimable job is of a task no worker has
+       -- registered: it waits for ever, and holds the level's claim floor where it is (every
+       -- claim then steps over the jobs claimed since; behind a long transaction, their dead
+       -- index entries). One probe a level, from its floor; at most 20 levels.
+       coalesce((SELECT jsonb_agg(u ORDER BY u.waited_seconds DESC)
+                 FROM (SELECT f.queue, f.priority, h.task,
+                              extract(epoch FROM now() - h.run_at)::float8 AS waited_seconds
+                       FROM notifyq.claim_floors AS f
+                       CROSS JOIN LATERAL (
+                           SELECT j.task, j.run_at FROM ONLY notifyq.jobs AS j
+                           WHERE j.queue = f.queue AND j.priority = f.priority
+                             AND (j.run_at, j.id) >= (f.run_at, f.id)
+                             AND j.status = 'queued' AND NOT j.group_blocked
+                           ORDER BY j.run_at, j.id
+                           LIMIT 1) AS h
+                       WHERE h.run_at <= now()
+                         AND NOT EXISTS (SELECT 1 FROM notifyq.tasks AS t WHERE t.name = h.task)
+                       ORDER BY h.run_at
+                       LIMIT 20) AS u), '[]'::jsonb) AS unserved,
+       -- Functions PUBLIC may run besides notifyq.enqueue (sql/022 left it the only one) and
+       -- notifyq.signal (sql/023 made it the second, for psql users).
        ARRAY(SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc AS p
-             WHERE p.pronamespace = 'notifyq'::regnamespace AND p.proname <> 'enqueue'
+             WHERE p.pronamespace = 'notifyq'::regnamespace
+               AND p.proname NOT IN ('enqueue', 'signal')
                AND pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')
              ORDER BY 1) AS public_functions,
        -- Roles that read every job's payload without being workers (producers granted before

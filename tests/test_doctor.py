@@ -161,6 +161,40 @@ async def test_doctor_finds_stuck_leases_a_missing_leader_and_overstepping_grant
     assert check(health, "schema").status == "ok"
 
 
+async def test_doctor_names_a_queue_whose_first_job_no_worker_serves(
+    settings: Settings, conn: Any
+) -> None:
+    """A job of a task no worker has registered (a typo in a psql INSERT, say) waits for ever
+    and holds its queue's claim floor: the doctor names the queue and the task, and says what to
+    do; once a worker registers the task, the check passes."""
+    await conn.execute("INSERT INTO notifyq.tasks (name) VALUES ('echo')")
+    await conn.execute(
+        "INSERT INTO notifyq.jobs (task, queue, run_at) "
+        "VALUES ('echoo', 'mail', now() - interval '1 hour'), ('echo', 'mail', now()), "
+        "('echo', 'default', now() - interval '2 hours'), "
+        "('later', 'default', now() + interval '1 day')"
+    )
+    async with a_store(settings) as store:
+        health = await examine(store, horizon_warn_after=300)
+        unserved = check(health, "unserved tasks")
+        assert unserved.status == "warn", unserved
+        assert "queue 'mail' (priority 0): task 'echoo', due 3600 s ago" in unserved.summary
+        assert "'default'" not in unserved.summary  # its first job is served; the other not due
+        assert "notifyq jobs --status queued --task echoo" in unserved.advice
+        await conn.execute("INSERT INTO notifyq.tasks (name) VALUES ('echoo')")
+        health = await examine(store, horizon_warn_after=300)
+    assert check(health, "unserved tasks").status == "ok"
+
+
+async def test_doctor_passes_a_database_just_migrated(settings: Settings) -> None:
+    """Nothing is wrong with a new database: no check fails (notifyq.signal, which PUBLIC may
+    run since version 23 as it may run notifyq.enqueue, used to fail the grants check)."""
+    async with a_store(settings) as store:
+        health = await examine(store, horizon_warn_after=300)
+    assert not health.failed, [c for c in health.checks if c.status == "fail"]
+    assert check(health, "grants").status == "ok"
+
+
 async def test_doctor_finds_a_listener_that_stopped_receiving(
     settings: Settings, db_url: str, monkeypatch: Any
 ) -> None:
