@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from notifyq.context import JobContext
 from notifyq.settings import Settings
 from notifyq.tasks import Registry
 from notifyq.worker import Worker
@@ -176,3 +177,41 @@ async def test_a_claim_redone_after_its_run_was_dropped_as_lost_runs_under_a_new
     assert held.cancelled == 1
     assert row["result"] == {"run": 2, "v": 1}
     assert row["claims"] == claim + 1
+
+
+async def test_a_step_refused_by_a_claim_a_crash_undid_counts_no_attempt_and_runs_again(
+    settings: Settings, conn: Any
+) -> None:
+    """The claim is undone while a durable step runs: the step's record is refused, which drops
+    the run without a write (no failed attempt: the crash, not the job, ended it). Its claim
+    comes back under the same number: released, the job runs again under a claim of its own."""
+    runs: list[int] = []
+    started = anyio.Event()
+    go = anyio.Event()
+
+    async def stepped(payload: dict[str, Any], ctx: JobContext) -> str:
+        async def first() -> str:
+            runs.append(len(runs) + 1)
+            if len(runs) == 1:
+                started.set()
+                await go.wait()
+            return f"run {len(runs)}"
+
+        result: str = await ctx.step("first", first)
+        return result
+
+    cursor = await conn.execute(
+        f"INSERT INTO notifyq.jobs (task) VALUES ('stepped') RETURNING id, {CLAIMED}"
+    )
+    row = await cursor.fetchone()
+    job_id, before = row[0], tuple(row[1:])
+    async with running_worker(quiet(settings), registry(stepped=stepped)) as worker:
+        with anyio.fail_after(10):
+            await started.wait()
+        claim = await undo_the_claim(conn, job_id, before)
+        go.set()  # the step ends; its record is refused (the row is queued)
+        finished = await completed(conn, job_id)
+        await wait_until(lambda: len(ledger_of(worker)) == 0)
+    assert runs == [1, 2]
+    assert finished["result"] == "run 2" and finished["errors"] == []
+    assert finished["claims"] > claim and finished["attempt_count"] == 1

@@ -23,7 +23,7 @@ from uuid import UUID
 import anyio
 
 from notifyq.context import DurableState, DurableStore, JobContext, Suspend
-from notifyq.errors import InvalidJob, PermanentFailure, Snooze
+from notifyq.errors import InvalidJob, LeaseLost, PermanentFailure, Snooze
 from notifyq.models import (
     ClaimedJob,
     Failure,
@@ -162,6 +162,8 @@ class Executor:
                 suspend.kind,
                 time.monotonic() - started,
             )
+        except LeaseLost:
+            raise  # nothing of this run is written (see Runners._run)
         except PermanentFailure as exc:
             error = describe_failure(exc)
             return self._failure(job, task, error, started, span, retryable=False, exc=exc)

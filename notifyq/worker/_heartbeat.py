@@ -64,12 +64,18 @@ class Heartbeat:
         await self._idle.refresh()
         held = self._ledger.held()
         if held:
+            redone = self._ledger.redone_count
             still = await self._store.beat(
                 self._worker_id, held, self._ledger.confirmed(), self._lease
             )
             for job_id, cancel_requested in still.items():
                 if cancel_requested:
                     self._ledger.cancel(job_id, CancelReason.REQUESTED)
+            if self._ledger.redone_count != redone:
+                # A claim came back under a fence this worker had while the beat ran (a crash
+                # of the server undid it): the answer may predate it. The next beat decides.
+                self._signals.heartbeat.fire()
+                return
             for item in held:
                 if item.job_id not in still and self._ledger.lose(item) is not None:
                     self._stats.lost += 1

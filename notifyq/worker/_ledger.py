@@ -121,6 +121,8 @@ class Entry:
     #: Claimed again under its claim number (:meth:`Ledger.redone`) while its outcome may have
     #: been on its way already: a write of it that the fence refused is made once more.
     redone: bool = False
+    #: Dropped as lost (:meth:`Ledger.lose`): nothing of it is written any more.
+    lost: bool = False
 
     @property
     def held(self) -> Held:
@@ -141,9 +143,17 @@ class Ledger:
 
     def __init__(self, concurrency: int) -> None:
         self._entries: dict[UUID, Entry] = {}
-        #: The claims dropped as lost whose handler may still run (:meth:`lose`), oldest
-        #: first, at most LOST_KEPT: :meth:`redone` releases a claim that comes back with one.
+        #: The claims dropped as lost whose handler may still run (:meth:`lose`), and those
+        #: whose outcome was written or discarded (:meth:`let_go`), oldest first, at most
+        #: LOST_KEPT each: :meth:`redone` releases a claim that comes back with one.
         self._lost: dict[tuple[UUID, int], None] = {}
+        self._gone: dict[tuple[UUID, int], None] = {}
+        #: Fences whose pending outcome must not be written (:meth:`redone`; the writer asks
+        #: :meth:`void`).
+        self._void: set[tuple[UUID, int]] = set()
+        #: How many claims came back under a fence this worker had (:meth:`redone`): a
+        #: heartbeat whose answer was read before one of them must not drop what it kept.
+        self.redone_count = 0
         self._free = concurrency
         self._reserved = 0
         self._active = 0
@@ -241,22 +251,47 @@ class Ledger:
           intact and its payload is the one claimed: its outcome is the job's, and the job runs
           once;
         - otherwise (its payload was replaced meanwhile by a ``keep_latest`` duplicate, or the
-          run was stopped, or already dropped as lost while its handler may still run) the
-          run is stopped as lost, its outcome never written, and the new claim goes back to the
+          run was stopped) the run is stopped as lost and its outcome is not written (one its
+          handler already returned waits in the writer, which drops it, see :meth:`void`; only
+          a write already under way can still commit), and the new claim goes back to the
           queue at once (:attr:`Redone.RELEASE`), so that the job's next claim has a number of
-          its own. Only a handler that had returned already is not stopped: its outcome and
-          the release race, and whichever commits first stands;
+          its own;
+        - so does a claim whose run this worker has already dropped as lost (its handler may
+          still run) or finished with (its outcome written or discarded before the claim's
+          answer came back): a run under that fence is over, and must not start again;
         - :attr:`Redone.NO` for every other job: take it."""
+        fence = (job.id, job.claim)
         entry = self._entries.get(job.id)
         if entry is not None and entry.job.claim == job.claim:
-            if entry.cancel_reason is None and entry.job.payload == job.payload:
+            self.redone_count += 1
+            if entry.cancel_reason is None and not entry.lost and entry.job.payload == job.payload:
                 entry.redone = True
                 return Redone.GOES_ON
-            self.lose(entry.held)
+            if self.lose(entry.held) is None:
+                # Its handler returned: its outcome waits for the writer, which drops it.
+                entry.lost = True
+                self._void.add(fence)
             return Redone.RELEASE
-        if (job.id, job.claim) in self._lost:
+        if fence in self._lost or fence in self._gone:
+            self.redone_count += 1
             return Redone.RELEASE
         return Redone.NO
+
+    @property
+    def voiding(self) -> bool:
+        """Whether an outcome waiting for the writer is to be dropped (:meth:`void`)."""
+        return bool(self._void)
+
+    def void(self, held: Fenced) -> bool:
+        """Whether an outcome waiting for the writer belongs to a run :meth:`redone` stopped
+        after its handler returned: then it is not written (and this answers True once)."""
+        if not self._void:
+            return False
+        fence = (held.job_id, held.claim)
+        if fence in self._void:
+            self._void.discard(fence)
+            return True
+        return False
 
     def begin(self, entry: Entry, scope: anyio.CancelScope) -> bool:
         """A runner is about to call the handler, inside ``scope``; False when the job was
@@ -293,6 +328,7 @@ class Ledger:
         if entry is not None and entry.job.claim != held.claim:
             self._entries[held.job_id] = entry  # another claim's: still held
             return None
+        _remember(self._gone, (held.job_id, held.claim))
         return entry
 
     def write_again(self, held: Fenced) -> bool:
@@ -307,6 +343,13 @@ class Ledger:
         entry.redone = False
         return True
 
+    def drop(self, entry: Entry) -> None:
+        """A run found itself lost (a write of it refused by the fence): as :meth:`lose`, for
+        this entry only (the ledger may hold the job under another entry by now)."""
+        if self._entries.get(entry.job.id) is entry:
+            self.lose(entry.held)
+        entry.lost = True
+
     def lose(self, held: Held) -> Entry | None:
         """Another worker may hold the job now: forgets it, and stops its handler if it runs, or
         keeps it from starting if a runner has not begun it yet (it would run beside the other
@@ -318,10 +361,9 @@ class Ledger:
         if not entry.running and entry.started:
             return None
         del self._entries[held.job_id]
+        entry.lost = True
         entry.cancel(CancelReason.LEASE_LOST)
-        self._lost[(held.job_id, held.claim)] = None
-        if len(self._lost) > LOST_KEPT:
-            del self._lost[next(iter(self._lost))]
+        _remember(self._lost, (held.job_id, held.claim))
         return entry
 
     # -- what others ask -------------------------------------------------------------------
@@ -367,6 +409,13 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _remember(fences: dict[tuple[UUID, int], None], fence: tuple[UUID, int]) -> None:
+    """Adds ``fence`` to a bounded memory of fences, forgetting the oldest past LOST_KEPT."""
+    fences[fence] = None
+    if len(fences) > LOST_KEPT:
+        del fences[next(iter(fences))]
 
 
 def _as_uuid(text: str) -> UUID | None:

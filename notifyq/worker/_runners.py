@@ -7,6 +7,7 @@ import asyncio
 import anyio
 from anyio.abc import TaskStatus
 
+from notifyq.errors import LeaseLost
 from notifyq.worker._executor import Executor, Outcome
 from notifyq.worker._ledger import CancelReason, Entry, Ledger
 from notifyq.worker._writer import OutcomeWriter
@@ -62,9 +63,13 @@ class Runners:
         try:
             if self._ledger.begin(entry, scope):  # else cancelled before it started
                 outcome = await self._executor.attempt(entry.job, entry.task)
+        except LeaseLost:
+            # A write of the run (a durable step) was refused by the fence: the job is not this
+            # worker's any more, or its claim was undone by a crash of the server.
+            self._ledger.drop(entry)
         finally:
             reason = entry.cancel_reason
-            if reason is CancelReason.LEASE_LOST:
+            if entry.lost:
                 # Dropped as lost: the fence would refuse its outcome, and after a crash of the
                 # server its claim number may be a new claim's (see Ledger.redone).
                 pass

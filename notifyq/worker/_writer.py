@@ -35,7 +35,7 @@ from notifyq.models import (
     Success,
     Suspended,
 )
-from notifyq.worker._ledger import Ledger, WakeReason
+from notifyq.worker._ledger import Ledger, Redone, WakeReason
 from notifyq.worker._stats import Signals, WorkerStats
 from notifyq.worker._store import WorkerStore
 from notifyq.worker._telemetry import Telemetry, WrittenJob
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 FINAL_WRITE_TIMEOUT = 10.0
 
 Item = TypeVar("Item", Success, Failure, Snoozed, Suspended, Held)
+_O = TypeVar("_O", Success, Failure, Snoozed, Suspended)
 Written = TypeVar("Written", set[UUID], dict[UUID, JobStatus])
 
 
@@ -172,6 +173,7 @@ class OutcomeWriter:
         """Writes everything handed over so far. Raises DatabaseUnavailable (what is not
         written stays here) while the database is away."""
         async with self._lock:
+            self._drop_void()
             if self._done:
                 await self._write_completions()
             if self._failed:
@@ -230,8 +232,13 @@ class OutcomeWriter:
         finally:
             assert self.refill is not None
             if self._ledger.stopping:
-                # Claimed while the worker began to stop: back to the queue at once.
-                self._released.extend(Held(job.id, job.claim) for job in jobs)
+                # Claimed while the worker began to stop: back to the queue at once (but for a
+                # claim a crash undid, which a run in progress goes on as, see Ledger.redone).
+                self._released.extend(
+                    Held(job.id, job.claim)
+                    for job in jobs
+                    if self._ledger.redone(job) is not Redone.GOES_ON
+                )
                 self._pending.set()
                 jobs = []
             self.refill.hand_over(claim, jobs, sent)
@@ -318,6 +325,26 @@ class OutcomeWriter:
                 recorded.append((entry.job, item))
         if recorded:
             self._telemetry.recorded(kind, recorded, written if isinstance(written, dict) else None)
+
+    def _drop_void(self) -> None:
+        """Drops the outcomes of runs stopped after their handler returned because their claim
+        came back changed (Ledger.redone): they must not be written."""
+        if not self._ledger.voiding:
+            return
+        self._done[:] = self._without_void(self._done)
+        self._failed[:] = self._without_void(self._failed)
+        self._snoozed[:] = self._without_void(self._snoozed)
+        self._suspended[:] = self._without_void(self._suspended)
+
+    def _without_void(self, pending: list[_O]) -> list[_O]:
+        kept = []
+        for item in pending:
+            if self._ledger.void(item):
+                self._stats.lost += 1
+                self._telemetry.discarded(item.job_id)
+            else:
+                kept.append(item)
+        return kept
 
     def _again(
         self, item: Success | Failure | Snoozed | Suspended | Held, kind: OutcomeKind

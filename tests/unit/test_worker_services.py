@@ -634,6 +634,100 @@ async def test_a_completion_the_fence_refused_twice_is_discarded() -> None:
     assert len(ledger) == 0 and not writer
 
 
+class SlowBeat(FakeStore):
+    """A beat that reads its rows (the job not held: a crash undid its claim), then answers
+    only when told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked = anyio.Event()
+        self.answer = anyio.Event()
+
+    async def beat(
+        self, worker_id: str, held: Iterable[Held], running: Container[UUID], lease: float
+    ) -> dict[UUID, bool]:
+        self.looked.set()
+        await self.answer.wait()
+        return {}
+
+
+async def test_a_beat_answered_before_a_claim_came_back_does_not_drop_the_run_it_kept() -> None:
+    store = SlowBeat()
+    ledger, made, _, _ = refilled(store, 2)
+    run = ledger.take(job(claim=3), TASK)
+    assert ledger.begin(run, anyio.CancelScope())  # its handler runs
+    beat, _ = heartbeat_for(store, ledger)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(beat.beat)
+        await store.looked.wait()
+        made._start([dataclasses.replace(run.job)], time.monotonic())  # the claim came back
+        store.answer.set()
+    assert run.cancel_reason is None and not run.lost and len(ledger) == 1
+    await beat.beat()  # the next beat, after it, decides
+    assert run.lost and len(ledger) == 0
+
+
+async def test_a_claim_back_with_a_new_payload_drops_the_outcome_its_old_run_left() -> None:
+    """The old run's handler returned, its completion waits for the writer; the claim comes back
+    with a payload a keep_latest duplicate replaced: that completion is not written, the claim
+    is released, and the job runs again with the new payload."""
+    store = FakeStore()
+    ledger, made, given, writer = refilled(store, 2)
+    writer.refill = None
+    run = ledger.take(job(claim=3), TASK)
+    assert ledger.begin(run, anyio.CancelScope())
+    ledger.end(run)
+    writer.record(Success(run.job.id, 3, '"old"'))
+    made._start([dataclasses.replace(run.job, payload={"v": 2})], time.monotonic())
+    (again,) = given.entries
+    assert again.cancel_reason is CancelReason.STALE_CLAIM  # to be released, not run
+    writer.release(again.held)  # what its runner does
+    await writer.flush()
+    assert [name for name, _ in store.calls if name in ("complete", "release")] == ["release"]
+    assert len(ledger) == 0 and not writer
+
+
+async def test_a_claim_back_after_its_outcome_was_written_is_released_not_run() -> None:
+    store = FakeStore()
+    ledger, made, given, writer = refilled(store, 2)
+    writer.refill = None
+    run = ledger.take(job(claim=3), TASK)
+    ledger.end(run)
+    writer.record(Success(run.job.id, 3, "null"))
+    await writer.flush()  # accepted: the claim made again committed before it looked
+    made._start([dataclasses.replace(run.job)], time.monotonic())  # that claim's answer
+    (again,) = given.entries
+    assert again.cancel_reason is CancelReason.STALE_CLAIM
+
+
+class StopsMeanwhile(FakeStore):
+    """A completion that claims while the worker begins to stop."""
+
+    ledger: Ledger
+
+    async def complete_and_claim(
+        self, worker_id: str, done: Sequence[Success], claim: ClaimRequest
+    ) -> tuple[set[UUID], list[ClaimedJob]]:
+        answer = await super().complete_and_claim(worker_id, done, claim)
+        self.ledger.stopping = True
+        return answer
+
+
+async def test_a_stopping_worker_keeps_a_claim_its_completion_made_again_for_the_run() -> None:
+    store = StopsMeanwhile()
+    ledger, _, _, writer = refilled(store, 3)
+    store.ledger = ledger
+    run = ledger.take(job(claim=3), TASK)
+    assert ledger.begin(run, anyio.CancelScope())
+    done = ledger.take(job(claim=1), TASK)
+    ledger.end(done)
+    store.claims = [[dataclasses.replace(run.job)]]  # the completion claimed it back
+    writer.record(Success(done.job.id, 1, "null"))
+    await writer.flush()
+    assert [name for name, _ in store.calls if name == "release"] == []
+    assert len(ledger) == 1 and run.cancel_reason is None
+
+
 async def test_slots_a_completion_set_aside_and_did_not_fill_wake_a_waiting_producer() -> None:
     store = FakeStore()
     ledger, made, _, _ = refilled(store, 2)
