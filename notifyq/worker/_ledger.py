@@ -12,6 +12,7 @@ dictionaries.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -146,8 +147,8 @@ class Ledger:
         #: The claims dropped as lost whose handler may still run (:meth:`lose`), and those
         #: whose outcome was written or discarded (:meth:`let_go`), oldest first, at most
         #: LOST_KEPT each: :meth:`redone` releases a claim that comes back with one.
-        self._lost: dict[tuple[UUID, int], None] = {}
-        self._gone: dict[tuple[UUID, int], None] = {}
+        self._lost = _Fences(LOST_KEPT)
+        self._gone = _Fences(LOST_KEPT)
         #: Fences whose pending outcome must not be written (:meth:`redone`; the writer asks
         #: :meth:`void`).
         self._void: set[tuple[UUID, int]] = set()
@@ -272,7 +273,7 @@ class Ledger:
                 entry.lost = True
                 self._void.add(fence)
             return Redone.RELEASE
-        if fence in self._lost or fence in self._gone:
+        if self._lost.has(job.id, job.claim) or self._gone.has(job.id, job.claim):
             self.redone_count += 1
             return Redone.RELEASE
         return Redone.NO
@@ -328,7 +329,7 @@ class Ledger:
         if entry is not None and entry.job.claim != held.claim:
             self._entries[held.job_id] = entry  # another claim's: still held
             return None
-        _remember(self._gone, (held.job_id, held.claim))
+        self._gone.add(held.job_id, held.claim)
         return entry
 
     def write_again(self, held: Fenced) -> bool:
@@ -363,7 +364,7 @@ class Ledger:
         del self._entries[held.job_id]
         entry.lost = True
         entry.cancel(CancelReason.LEASE_LOST)
-        _remember(self._lost, (held.job_id, held.claim))
+        self._lost.add(held.job_id, held.claim)
         return entry
 
     # -- what others ask -------------------------------------------------------------------
@@ -411,11 +412,25 @@ class Ledger:
         return len(self._entries)
 
 
-def _remember(fences: dict[tuple[UUID, int], None], fence: tuple[UUID, int]) -> None:
-    """Adds ``fence`` to a bounded memory of fences, forgetting the oldest past LOST_KEPT."""
-    fences[fence] = None
-    if len(fences) > LOST_KEPT:
-        del fences[next(iter(fences))]
+class _Fences:
+    """A bounded memory of fences (a job and a claim number), forgetting the oldest first. Kept
+    by the job id's integer: a UUID hashes in Python, and :meth:`Ledger.let_go` adds one a job."""
+
+    __slots__ = ("_known", "_order")
+
+    def __init__(self, size: int) -> None:
+        self._order: deque[tuple[int, int]] = deque(maxlen=size)
+        self._known: set[tuple[int, int]] = set()
+
+    def add(self, job_id: UUID, claim: int) -> None:
+        fence = (job_id.int, claim)
+        if len(self._order) == self._order.maxlen:
+            self._known.discard(self._order[0])
+        self._order.append(fence)
+        self._known.add(fence)
+
+    def has(self, job_id: UUID, claim: int) -> bool:
+        return (job_id.int, claim) in self._known
 
 
 def _as_uuid(text: str) -> UUID | None:
