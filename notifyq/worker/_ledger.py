@@ -273,7 +273,7 @@ class Ledger:
                 entry.lost = True
                 self._void.add(fence)
             return Redone.RELEASE
-        if self._lost.has(job.id, job.claim) or self._gone.has(job.id, job.claim):
+        if self._lost.has(job) or self._gone.has(job):
             self.redone_count += 1
             return Redone.RELEASE
         return Redone.NO
@@ -326,10 +326,14 @@ class Ledger:
         when the ledger no longer holds that claim. ``held`` names the job and the claim: a
         :class:`~notifyq.models.Held`, or the outcome itself."""
         entry = self._entries.pop(held.job_id, None)
-        if entry is not None and entry.job.claim != held.claim:
+        if entry is None:
+            return None
+        if entry.job.claim != held.claim:
             self._entries[held.job_id] = entry  # another claim's: still held
             return None
-        self._gone.add(held.job_id, held.claim)
+        self._gone.add(entry.job)
+        if self._void:
+            self._void.discard((held.job_id, held.claim))
         return entry
 
     def write_again(self, held: Fenced) -> bool:
@@ -364,7 +368,7 @@ class Ledger:
         del self._entries[held.job_id]
         entry.lost = True
         entry.cancel(CancelReason.LEASE_LOST)
-        self._lost.add(held.job_id, held.claim)
+        self._lost.add(entry.job)
         return entry
 
     # -- what others ask -------------------------------------------------------------------
@@ -419,18 +423,22 @@ class _Fences:
     __slots__ = ("_known", "_order")
 
     def __init__(self, size: int) -> None:
-        self._order: deque[tuple[int, int]] = deque(maxlen=size)
-        self._known: set[tuple[int, int]] = set()
+        self._order: deque[tuple[int, int, float]] = deque(maxlen=size)
+        self._known: set[tuple[int, int, float]] = set()
 
-    def add(self, job_id: UUID, claim: int) -> None:
-        fence = (job_id.int, claim)
+    def add(self, job: ClaimedJob) -> None:
+        # With the job's creation time: a job enqueued again under a chosen id after its
+        # namesake was deleted starts its claims from 0 again, and is another job.
+        fence = (job.id.int, job.claim, job.created_at)
+        if fence in self._known:
+            return
         if len(self._order) == self._order.maxlen:
             self._known.discard(self._order[0])
         self._order.append(fence)
         self._known.add(fence)
 
-    def has(self, job_id: UUID, claim: int) -> bool:
-        return (job_id.int, claim) in self._known
+    def has(self, job: ClaimedJob) -> bool:
+        return (job.id.int, job.claim, job.created_at) in self._known
 
 
 def _as_uuid(text: str) -> UUID | None:

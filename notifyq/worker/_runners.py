@@ -66,7 +66,12 @@ class Runners:
         except LeaseLost:
             # A write of the run (a durable step) was refused by the fence: the job is not this
             # worker's any more, or its claim was undone by a crash of the server.
-            self._ledger.drop(entry)
+            if self._ledger.write_again(entry.held):
+                # ...and made again under the same number since, for this run to go on: give
+                # that claim back (a fenced release; the attempt is not counted).
+                entry.cancel(CancelReason.STALE_CLAIM)
+            else:
+                self._ledger.drop(entry)
         finally:
             reason = entry.cancel_reason
             if entry.lost:

@@ -173,13 +173,17 @@ class OutcomeWriter:
         """Writes everything handed over so far. Raises DatabaseUnavailable (what is not
         written stays here) while the database is away."""
         async with self._lock:
+            # Before each batch: a claim that comes back while one is written may void more.
             self._drop_void()
             if self._done:
                 await self._write_completions()
+            self._drop_void()
             if self._failed:
                 await self._write_failures()
+            self._drop_void()
             if self._snoozed:
                 await self._write_snoozes()
+            self._drop_void()
             if self._suspended:
                 await self._write_suspensions()
             if self._cancelled:

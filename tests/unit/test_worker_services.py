@@ -700,6 +700,36 @@ async def test_a_claim_back_after_its_outcome_was_written_is_released_not_run() 
     assert again.cancel_reason is CancelReason.STALE_CLAIM
 
 
+async def test_an_outcome_voided_while_a_flush_writes_another_batch_is_not_written() -> None:
+    """The completion statement of one batch claims back a job whose failure waits for the
+    next batch, with a new payload: that failure is dropped before its batch is written."""
+    store = FakeStore()
+    ledger, _, given, writer = refilled(store, 3)
+    failed = ledger.take(job(claim=2), TASK)
+    assert ledger.begin(failed, anyio.CancelScope())
+    ledger.end(failed)
+    done = ledger.take(job(claim=1), TASK)
+    ledger.end(done)
+    writer.record(Failure(failed.job.id, 2, "boom", True, 0))
+    writer.record(Success(done.job.id, 1, "null"))
+    store.claims = [[dataclasses.replace(failed.job, payload={"v": 2})]]
+    await writer.flush()
+    assert [name for name, _ in store.calls if name == "fail"] == []
+    (again,) = given.entries
+    assert again.cancel_reason is CancelReason.STALE_CLAIM
+    assert not ledger.voiding
+
+
+def test_a_job_enqueued_again_under_a_deleted_jobs_id_is_another_job() -> None:
+    ledger = Ledger(concurrency=1)
+    first = job(claim=1)
+    ledger.take(first, TASK)
+    ledger.let_go(Held(first.id, 1))
+    assert ledger.redone(first) is Redone.RELEASE  # its claim, come back
+    namesake = dataclasses.replace(first, created_at=first.created_at + 60)
+    assert ledger.redone(namesake) is Redone.NO
+
+
 class StopsMeanwhile(FakeStore):
     """A completion that claims while the worker begins to stop."""
 
