@@ -10,6 +10,8 @@ job changed meanwhile, stops without a write while the job runs again under a cl
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -119,19 +121,29 @@ async def claimed_again(conn: Any, job_id: Any, claim: int) -> None:
     await wait_until(again, timeout=10, interval=0.05)
 
 
-async def test_a_claim_redone_under_the_same_number_goes_on_as_the_run_in_progress(
+@contextlib.asynccontextmanager
+async def held_mid_run(
     settings: Settings, conn: Any
-) -> None:
+) -> AsyncIterator[tuple[Held, Worker, Any, tuple[Any, ...]]]:
+    """A worker running a ``held`` job (payload v 1) whose handler waits for ``go``: the task,
+    the worker, the job's id and its row as before its claim."""
     held = Held()
     job_id, before = await start_held(conn, '{"hold": true, "v": 1}')
     async with running_worker(quiet(settings), held.task()) as worker:
         with anyio.fail_after(10):
             await held.started.wait()
+        yield held, worker, job_id, before
+        await wait_until(lambda: len(ledger_of(worker)) == 0)  # nothing left held
+
+
+async def test_a_claim_redone_under_the_same_number_goes_on_as_the_run_in_progress(
+    settings: Settings, conn: Any
+) -> None:
+    async with held_mid_run(settings, conn) as (held, _, job_id, before):
         claim = await undo_the_claim(conn, job_id, before)
         await claimed_again(conn, job_id, claim)
         held.go.set()
         row = await completed(conn, job_id)
-        await wait_until(lambda: len(ledger_of(worker)) == 0)  # nothing left held
     # One run, under the one claim: its outcome is the job's.
     assert len(held.runs) == 1 and held.cancelled == 0
     assert (row["result"], row["claims"], row["attempt_count"]) == ({"run": 1, "v": 1}, 1, 1)
@@ -140,16 +152,11 @@ async def test_a_claim_redone_under_the_same_number_goes_on_as_the_run_in_progre
 async def test_a_claim_redone_after_the_payload_changed_runs_the_new_payload_once(
     settings: Settings, conn: Any
 ) -> None:
-    held = Held()
-    job_id, before = await start_held(conn, '{"hold": true, "v": 1}')
-    async with running_worker(quiet(settings), held.task()) as worker:
-        with anyio.fail_after(10):
-            await held.started.wait()
+    async with held_mid_run(settings, conn) as (held, _, job_id, before):
         # Queued again, its payload is replaced (as a keep_latest duplicate does) before the
         # same worker claims it again under the same number.
         claim = await undo_the_claim(conn, job_id, before, payload='{"v": 2}')
         row = await completed(conn, job_id)
-        await wait_until(lambda: len(ledger_of(worker)) == 0)
     # The run of the old payload was stopped without a write; the claim made again went back
     # to the queue, and the new payload ran under a claim of its own.
     assert held.cancelled == 1
@@ -161,11 +168,7 @@ async def test_a_claim_redone_after_the_payload_changed_runs_the_new_payload_onc
 async def test_a_claim_redone_after_its_run_was_dropped_as_lost_runs_under_a_new_number(
     settings: Settings, conn: Any
 ) -> None:
-    held = Held()
-    job_id, before = await start_held(conn, '{"hold": true, "v": 1}')
-    async with running_worker(quiet(settings), held.task()) as worker:
-        with anyio.fail_after(10):
-            await held.started.wait()
+    async with held_mid_run(settings, conn) as (held, worker, job_id, before):
         # The heartbeat saw the row no longer held (the claim undone, below), and dropped the
         # run: its handler may still write until it returns, as a plain function in a thread.
         (entry,) = list(ledger_of(worker).entries())
@@ -173,7 +176,6 @@ async def test_a_claim_redone_after_its_run_was_dropped_as_lost_runs_under_a_new
         claim = await undo_the_claim(conn, job_id, before)
         held.go.set()  # the next run does not wait
         row = await completed(conn, job_id)
-        await wait_until(lambda: len(ledger_of(worker)) == 0)
     assert held.cancelled == 1
     assert row["result"] == {"run": 2, "v": 1}
     assert row["claims"] == claim + 1
