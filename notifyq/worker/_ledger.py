@@ -261,7 +261,6 @@ class Ledger:
           still run) or finished with (its outcome written or discarded before the claim's
           answer came back): a run under that fence is over, and must not start again;
         - :attr:`Redone.NO` for every other job: take it."""
-        fence = (job.id, job.claim)
         entry = self._entries.get(job.id)
         if entry is not None and entry.job.claim == job.claim:
             self.redone_count += 1
@@ -271,7 +270,7 @@ class Ledger:
             if self.lose(entry.held) is None:
                 # Its handler returned: its outcome waits for the writer, which drops it.
                 entry.lost = True
-                self._void.add(fence)
+                self._void.add((job.id, job.claim))
             return Redone.RELEASE
         if self._lost.has(job) or self._gone.has(job):
             self.redone_count += 1

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import anyio
@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 FINAL_WRITE_TIMEOUT = 10.0
 
 Item = TypeVar("Item", Success, Failure, Snoozed, Suspended, Held)
-_O = TypeVar("_O", Success, Failure, Snoozed, Suspended)
 Written = TypeVar("Written", set[UUID], dict[UUID, JobStatus])
 
 
@@ -173,19 +172,16 @@ class OutcomeWriter:
         """Writes everything handed over so far. Raises DatabaseUnavailable (what is not
         written stays here) while the database is away."""
         async with self._lock:
-            # Before each batch: a claim that comes back while one is written may void more.
-            self._drop_void()
-            if self._done:
-                await self._write_completions()
-            self._drop_void()
-            if self._failed:
-                await self._write_failures()
-            self._drop_void()
-            if self._snoozed:
-                await self._write_snoozes()
-            self._drop_void()
-            if self._suspended:
-                await self._write_suspensions()
+            for pending, write in (
+                (self._done, self._write_completions),
+                (self._failed, self._write_failures),
+                (self._snoozed, self._write_snoozes),
+                (self._suspended, self._write_suspensions),
+            ):
+                # Before each batch: a claim that comes back while one is written may void more.
+                self._drop_void(pending)
+                if pending:
+                    await write()
             if self._cancelled:
                 batch = list(self._cancelled)
                 stopped = await self._write(self._store.cancel_running, batch, set())
@@ -319,7 +315,12 @@ class OutcomeWriter:
         recorded: list[WrittenJob] = []
         for item in batch:
             if item.job_id not in written and self._ledger.write_again(item):
-                self._again(item, kind)
+                if not isinstance(item, Held):
+                    self.record(item)  # by the next flush
+                else:
+                    cancelled = kind is OutcomeKind.CANCELLED
+                    (self._cancelled if cancelled else self._released).append(item)
+                    self._pending.set()
                 continue
             entry = let_go(item)
             if item.job_id not in written:
@@ -330,35 +331,14 @@ class OutcomeWriter:
         if recorded:
             self._telemetry.recorded(kind, recorded, written if isinstance(written, dict) else None)
 
-    def _drop_void(self) -> None:
-        """Drops the outcomes of runs stopped after their handler returned because their claim
-        came back changed (Ledger.redone): they must not be written."""
-        if not self._ledger.voiding:
-            return
-        self._done[:] = self._without_void(self._done)
-        self._failed[:] = self._without_void(self._failed)
-        self._snoozed[:] = self._without_void(self._snoozed)
-        self._suspended[:] = self._without_void(self._suspended)
-
-    def _without_void(self, pending: list[_O]) -> list[_O]:
-        kept = []
-        for item in pending:
-            if self._ledger.void(item):
+    def _drop_void(self, pending: list[Any]) -> None:
+        """Drops from ``pending`` the outcomes of runs stopped after their handler returned,
+        because their claim came back changed (Ledger.void): they must not be written."""
+        if self._ledger.voiding:
+            for item in [item for item in pending if self._ledger.void(item)]:
+                pending.remove(item)
                 self._stats.lost += 1
                 self._telemetry.discarded(item.job_id)
-            else:
-                kept.append(item)
-        return kept
-
-    def _again(
-        self, item: Success | Failure | Snoozed | Suspended | Held, kind: OutcomeKind
-    ) -> None:
-        """Hands back an outcome to be written by the next flush."""
-        if isinstance(item, Held):
-            (self._cancelled if kind is OutcomeKind.CANCELLED else self._released).append(item)
-            self._pending.set()
-        else:
-            self.record(item)
 
     async def _final_writes(self) -> None:
         """Writes outcomes still pending and puts interrupted jobs back in the queue."""
